@@ -1,0 +1,1 @@
+//! Test support for ubtrfs: corpus images, loop mounts, tree comparison.

@@ -1,0 +1,1 @@
+//! The checksum tree: per-sector data checksums keyed by logical address.

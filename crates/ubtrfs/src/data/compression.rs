@@ -1,0 +1,1 @@
+//! Compressed extents: zlib, lzo (with btrfs's segment framing), zstd.

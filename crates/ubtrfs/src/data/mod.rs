@@ -1,0 +1,4 @@
+//! The data layer: file contents. Reads assemble extents, decompress, and
+//! verify every sector against the checksum tree.
+
+pub mod compression;

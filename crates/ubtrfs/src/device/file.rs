@@ -1,0 +1,133 @@
+//! A device backed by a regular file or a block-device node.
+
+use super::{Counters, Device};
+use crate::{Error, Result};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, FileTypeExt};
+use std::path::{Path, PathBuf};
+
+/// A regular file or block device opened with `pread`/`pwrite`.
+#[derive(Debug)]
+pub struct FileDevice {
+    file: File,
+    path: PathBuf,
+    size: u64,
+    counters: Counters,
+}
+
+impl FileDevice {
+    /// Open `path` read-only.
+    pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_with(path.as_ref(), false)
+    }
+
+    /// Open `path` for reading and writing.
+    pub fn open_read_write(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_with(path.as_ref(), true)
+    }
+
+    fn open_with(path: &Path, write: bool) -> Result<Self> {
+        let io = |source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(write)
+            .open(path)
+            .map_err(io)?;
+        let meta = file.metadata().map_err(io)?;
+        let size = if meta.file_type().is_block_device() {
+            block_device_size(&file).map_err(io)?
+        } else if meta.is_file() {
+            meta.len()
+        } else {
+            return Err(Error::Devices(format!(
+                "{}: not a regular file or block device",
+                path.display()
+            )));
+        };
+        Ok(FileDevice {
+            file,
+            path: path.to_path_buf(),
+            size,
+            counters: Counters::default(),
+        })
+    }
+
+    fn io(&self, source: std::io::Error) -> Error {
+        Error::Io {
+            path: self.path.clone(),
+            source,
+        }
+    }
+}
+
+fn block_device_size(file: &File) -> std::io::Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    // Seeking to the end of a block device reports its size without an ioctl.
+    let mut f = file;
+    let size = f.seek(SeekFrom::End(0))?;
+    f.seek(SeekFrom::Start(0))?;
+    Ok(size)
+}
+
+impl Device for FileDevice {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        if offset
+            .checked_add(buf.len() as u64)
+            .is_none_or(|end| end > self.size)
+        {
+            return Err(Error::ShortRead {
+                path: self.path.clone(),
+                offset,
+                len: buf.len(),
+                size: self.size,
+            });
+        }
+        self.file
+            .read_exact_at(buf, offset)
+            .map_err(|e| self.io(e))?;
+        Counters::add(&self.counters.reads, 1);
+        Counters::add(&self.counters.read_bytes, buf.len() as u64);
+        Ok(())
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
+        self.file
+            .write_all_at(buf, offset)
+            .map_err(|e| self.io(e))?;
+        Counters::add(&self.counters.writes, 1);
+        Counters::add(&self.counters.write_bytes, buf.len() as u64);
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.file.sync_data().map_err(|e| self.io(e))?;
+        Counters::add(&self.counters.flushes, 1);
+        Ok(())
+    }
+
+    fn write_fua(&self, offset: u64, buf: &[u8]) -> Result<()> {
+        // A file has no FUA: a write followed by fdatasync gives the same guarantee.
+        self.file
+            .write_all_at(buf, offset)
+            .map_err(|e| self.io(e))?;
+        self.file.sync_data().map_err(|e| self.io(e))?;
+        Counters::add(&self.counters.fua_writes, 1);
+        Counters::add(&self.counters.write_bytes, buf.len() as u64);
+        Ok(())
+    }
+
+    fn counters(&self) -> &Counters {
+        &self.counters
+    }
+}

@@ -1,0 +1,56 @@
+//! The device layer: a block device is anything that reads and writes bytes
+//! at offsets, flushes its cache, and can write with FUA.
+
+mod file;
+
+pub use file::FileDevice;
+
+use crate::Result;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A block device: a regular file or a block-device node.
+pub trait Device: Send + Sync {
+    /// The path the device was opened from, for messages.
+    fn path(&self) -> &Path;
+    /// Size in bytes.
+    fn size(&self) -> u64;
+    /// Read exactly `buf.len()` bytes at `offset`.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
+    /// Write all of `buf` at `offset` (volatile until [`Device::flush`]).
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()>;
+    /// Make every completed write durable.
+    fn flush(&self) -> Result<()>;
+    /// Write `buf` at `offset` and make it durable before returning (FUA).
+    fn write_fua(&self, offset: u64, buf: &[u8]) -> Result<()>;
+    /// I/O counters of this device.
+    fn counters(&self) -> &Counters;
+}
+
+/// Counts of the I/O a device has done, so tests can assert them.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Read calls.
+    pub reads: AtomicU64,
+    /// Bytes read.
+    pub read_bytes: AtomicU64,
+    /// Plain write calls.
+    pub writes: AtomicU64,
+    /// Bytes written.
+    pub write_bytes: AtomicU64,
+    /// Cache flushes.
+    pub flushes: AtomicU64,
+    /// FUA writes.
+    pub fua_writes: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Current value of a counter.
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,107 @@
+//! The library's error type. Every error names what is wrong; none panics.
+
+use std::path::PathBuf;
+
+/// Result with the library's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in ubtrfs.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An operating-system I/O error on a device.
+    #[error("{path}: {source}")]
+    Io {
+        /// The device file.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A read went past the end of a device (truncated image).
+    #[error(
+        "{path}: read of {len} bytes at offset {offset} is past the end of the device ({size} bytes); is the image truncated?"
+    )]
+    ShortRead {
+        /// The device file.
+        path: PathBuf,
+        /// Byte offset of the read.
+        offset: u64,
+        /// Length of the read.
+        len: usize,
+        /// Size of the device.
+        size: u64,
+    },
+    /// No valid btrfs superblock on a device.
+    #[error("{path}: no valid btrfs superblock ({why})")]
+    NoSuperblock {
+        /// The device file.
+        path: PathBuf,
+        /// What was wrong with each copy.
+        why: String,
+    },
+    /// The devices given do not form one filesystem, or one is missing.
+    #[error("{0}")]
+    Devices(String),
+    /// On-disk metadata is inconsistent or damaged.
+    #[error("corrupt metadata: {0}")]
+    Corrupt(String),
+    /// A tree block failed verification on every copy.
+    #[error("tree block at logical {logical}: {why}")]
+    BadTreeBlock {
+        /// Logical address of the block.
+        logical: u64,
+        /// What the verification found.
+        why: String,
+    },
+    /// File data failed its checksum on every copy.
+    #[error(
+        "checksum mismatch: subvolume {subvol} inode {ino} file offset {file_offset} logical {logical}: no copy is good"
+    )]
+    DataChecksum {
+        /// Subvolume (tree) id.
+        subvol: u64,
+        /// Inode number.
+        ino: u64,
+        /// Offset in the file of the bad sector.
+        file_offset: u64,
+        /// Logical address of the bad sector.
+        logical: u64,
+    },
+    /// A logical address is not mapped by any chunk.
+    #[error("logical address {0} is not mapped by any chunk")]
+    Unmapped(u64),
+    /// A feature this version does not support.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// No such file, directory or tree item.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The operation needs a directory.
+    #[error("not a directory: {0}")]
+    NotDir(String),
+    /// The operation does not apply to a directory.
+    #[error("is a directory: {0}")]
+    IsDir(String),
+    /// Invalid argument from the caller.
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+}
+
+impl Error {
+    /// The errno a POSIX caller (the FUSE adapter) should see for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::NotFound(_) => libc::ENOENT,
+            Error::NotDir(_) => libc::ENOTDIR,
+            Error::IsDir(_) => libc::EISDIR,
+            Error::Invalid(_) => libc::EINVAL,
+            Error::Unsupported(_) => libc::EOPNOTSUPP,
+            Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            _ => libc::EIO,
+        }
+    }
+
+    pub(crate) fn corrupt(msg: impl Into<String>) -> Self {
+        Error::Corrupt(msg.into())
+    }
+}

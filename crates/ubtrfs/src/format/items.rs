@@ -1,0 +1,478 @@
+//! Item payloads: the structures stored in leaf items.
+
+use super::consts::*;
+use super::key::{KEY_SIZE, Key};
+use super::le;
+use crate::{Error, Result};
+
+/// Seconds and nanoseconds since the epoch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Timespec {
+    pub sec: i64,
+    pub nsec: u32,
+}
+
+impl Timespec {
+    /// Size on disk.
+    pub const SIZE: usize = 12;
+
+    fn parse(b: &[u8], off: usize) -> Result<Self> {
+        Ok(Timespec {
+            sec: le::u64(b, off)? as i64,
+            nsec: le::u32(b, off + 8)?,
+        })
+    }
+}
+
+/// A device of the filesystem (chunk tree item and superblock copy).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DevItem {
+    pub devid: u64,
+    pub total_bytes: u64,
+    pub bytes_used: u64,
+    pub io_align: u32,
+    pub io_width: u32,
+    pub sector_size: u32,
+    pub dev_type: u64,
+    pub generation: u64,
+    pub start_offset: u64,
+    pub dev_group: u32,
+    pub seek_speed: u8,
+    pub bandwidth: u8,
+    pub uuid: [u8; 16],
+    pub fsid: [u8; 16],
+}
+
+impl DevItem {
+    /// Size on disk.
+    pub const SIZE: usize = 98;
+
+    /// Decode a dev item.
+    pub fn parse(b: &[u8]) -> Result<Self> {
+        Ok(DevItem {
+            devid: le::u64(b, 0)?,
+            total_bytes: le::u64(b, 8)?,
+            bytes_used: le::u64(b, 16)?,
+            io_align: le::u32(b, 24)?,
+            io_width: le::u32(b, 28)?,
+            sector_size: le::u32(b, 32)?,
+            dev_type: le::u64(b, 36)?,
+            generation: le::u64(b, 44)?,
+            start_offset: le::u64(b, 52)?,
+            dev_group: le::u32(b, 60)?,
+            seek_speed: le::u8(b, 64)?,
+            bandwidth: le::u8(b, 65)?,
+            uuid: le::uuid(b, 66)?,
+            fsid: le::uuid(b, 82)?,
+        })
+    }
+}
+
+/// One stripe of a chunk: where on which device a copy or a stripe lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stripe {
+    pub devid: u64,
+    pub offset: u64,
+    pub dev_uuid: [u8; 16],
+}
+
+/// A chunk: a range of logical addresses and the device ranges behind it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChunkItem {
+    pub length: u64,
+    pub owner: u64,
+    pub stripe_len: u64,
+    pub chunk_type: u64,
+    pub io_align: u32,
+    pub io_width: u32,
+    pub sector_size: u32,
+    pub sub_stripes: u16,
+    pub stripes: Vec<Stripe>,
+}
+
+impl ChunkItem {
+    const FIXED: usize = 48;
+    const STRIPE: usize = 32;
+
+    /// Decode a chunk item at the start of `b`; returns it and its length.
+    pub fn parse_prefix(b: &[u8]) -> Result<(Self, usize)> {
+        let num_stripes = le::u16(b, 44)? as usize;
+        if num_stripes == 0 {
+            return Err(Error::corrupt("chunk with no stripes"));
+        }
+        let mut stripes = Vec::with_capacity(num_stripes);
+        for i in 0..num_stripes {
+            let o = Self::FIXED + i * Self::STRIPE;
+            stripes.push(Stripe {
+                devid: le::u64(b, o)?,
+                offset: le::u64(b, o + 8)?,
+                dev_uuid: le::uuid(b, o + 16)?,
+            });
+        }
+        let chunk = ChunkItem {
+            length: le::u64(b, 0)?,
+            owner: le::u64(b, 8)?,
+            stripe_len: le::u64(b, 16)?,
+            chunk_type: le::u64(b, 24)?,
+            io_align: le::u32(b, 32)?,
+            io_width: le::u32(b, 36)?,
+            sector_size: le::u32(b, 40)?,
+            sub_stripes: le::u16(b, 46)?,
+            stripes,
+        };
+        Ok((chunk, Self::FIXED + num_stripes * Self::STRIPE))
+    }
+
+    /// Decode a chunk item that fills `b`.
+    pub fn parse(b: &[u8]) -> Result<Self> {
+        Ok(Self::parse_prefix(b)?.0)
+    }
+}
+
+/// The inode item: an inode's attributes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InodeItem {
+    pub generation: u64,
+    pub transid: u64,
+    pub size: u64,
+    pub nbytes: u64,
+    pub block_group: u64,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub mode: u32,
+    pub rdev: u64,
+    pub flags: u64,
+    pub sequence: u64,
+    pub atime: Timespec,
+    pub ctime: Timespec,
+    pub mtime: Timespec,
+    pub otime: Timespec,
+}
+
+impl InodeItem {
+    /// Size on disk.
+    pub const SIZE: usize = 160;
+
+    /// Decode an inode item.
+    pub fn parse(b: &[u8]) -> Result<Self> {
+        if b.len() < Self::SIZE {
+            return Err(Error::corrupt(format!("inode item of {} bytes", b.len())));
+        }
+        Ok(InodeItem {
+            generation: le::u64(b, 0)?,
+            transid: le::u64(b, 8)?,
+            size: le::u64(b, 16)?,
+            nbytes: le::u64(b, 24)?,
+            block_group: le::u64(b, 32)?,
+            nlink: le::u32(b, 40)?,
+            uid: le::u32(b, 44)?,
+            gid: le::u32(b, 48)?,
+            mode: le::u32(b, 52)?,
+            rdev: le::u64(b, 56)?,
+            flags: le::u64(b, 64)?,
+            sequence: le::u64(b, 72)?,
+            atime: Timespec::parse(b, 112)?,
+            ctime: Timespec::parse(b, 124)?,
+            mtime: Timespec::parse(b, 136)?,
+            otime: Timespec::parse(b, 148)?,
+        })
+    }
+}
+
+/// One entry of a DIR_ITEM, DIR_INDEX or XATTR_ITEM (several may share an item).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirItem {
+    /// The target: an inode key, or a root item key for a subvolume.
+    pub location: Key,
+    pub transid: u64,
+    /// One of the `FT_*` types.
+    pub file_type: u8,
+    pub name: Vec<u8>,
+    /// Xattr value (empty for directory entries).
+    pub data: Vec<u8>,
+}
+
+impl DirItem {
+    const FIXED: usize = KEY_SIZE + 13;
+
+    /// Decode every entry packed in one item.
+    pub fn parse_all(b: &[u8]) -> Result<Vec<Self>> {
+        let mut out = Vec::new();
+        let mut off = 0;
+        while off < b.len() {
+            let data_len = le::u16(b, off + 25)? as usize;
+            let name_len = le::u16(b, off + 27)? as usize;
+            let name = le::bytes(b, off + Self::FIXED, name_len)?.to_vec();
+            let data = le::bytes(b, off + Self::FIXED + name_len, data_len)?.to_vec();
+            out.push(DirItem {
+                location: Key::parse(b, off)?,
+                transid: le::u64(b, off + KEY_SIZE)?,
+                file_type: le::u8(b, off + 29)?,
+                name,
+                data,
+            });
+            off += Self::FIXED + name_len + data_len;
+        }
+        Ok(out)
+    }
+}
+
+/// One name of an inode in a directory (INODE_REF or INODE_EXTREF entry).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InodeRef {
+    /// The directory holding the name.
+    pub parent: u64,
+    /// The name's DIR_INDEX offset.
+    pub index: u64,
+    pub name: Vec<u8>,
+}
+
+impl InodeRef {
+    /// Decode the entries of an INODE_REF item (the parent is the key offset).
+    pub fn parse_refs(b: &[u8], parent: u64) -> Result<Vec<Self>> {
+        let mut out = Vec::new();
+        let mut off = 0;
+        while off < b.len() {
+            let name_len = le::u16(b, off + 8)? as usize;
+            out.push(InodeRef {
+                parent,
+                index: le::u64(b, off)?,
+                name: le::bytes(b, off + 10, name_len)?.to_vec(),
+            });
+            off += 10 + name_len;
+        }
+        Ok(out)
+    }
+
+    /// Decode the entries of an INODE_EXTREF item.
+    pub fn parse_extrefs(b: &[u8]) -> Result<Vec<Self>> {
+        let mut out = Vec::new();
+        let mut off = 0;
+        while off < b.len() {
+            let name_len = le::u16(b, off + 16)? as usize;
+            out.push(InodeRef {
+                parent: le::u64(b, off)?,
+                index: le::u64(b, off + 8)?,
+                name: le::bytes(b, off + 18, name_len)?.to_vec(),
+            });
+            off += 18 + name_len;
+        }
+        Ok(out)
+    }
+}
+
+/// Where a file extent's bytes are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExtentBody {
+    /// Bytes stored in the item itself (possibly compressed).
+    Inline(Vec<u8>),
+    /// Bytes in a data extent. `disk_bytenr` 0 means a hole.
+    Regular {
+        disk_bytenr: u64,
+        disk_num_bytes: u64,
+        /// Offset of this file range inside the (uncompressed) extent.
+        offset: u64,
+        num_bytes: u64,
+    },
+}
+
+/// A file extent item (EXTENT_DATA).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileExtentItem {
+    pub generation: u64,
+    /// Size of the extent once decompressed.
+    pub ram_bytes: u64,
+    pub compression: u8,
+    pub encryption: u8,
+    pub other_encoding: u16,
+    /// `FILE_EXTENT_INLINE`, `_REG` or `_PREALLOC`.
+    pub extent_type: u8,
+    pub body: ExtentBody,
+}
+
+impl FileExtentItem {
+    /// Offset of inline data in the item.
+    pub const INLINE_DATA_OFF: usize = 21;
+    /// Size of a regular extent item.
+    pub const REG_SIZE: usize = 53;
+
+    /// Decode a file extent item.
+    pub fn parse(b: &[u8]) -> Result<Self> {
+        let extent_type = le::u8(b, 20)?;
+        let body = match extent_type {
+            FILE_EXTENT_INLINE => {
+                ExtentBody::Inline(b[Self::INLINE_DATA_OFF.min(b.len())..].to_vec())
+            }
+            FILE_EXTENT_REG | FILE_EXTENT_PREALLOC => ExtentBody::Regular {
+                disk_bytenr: le::u64(b, 21)?,
+                disk_num_bytes: le::u64(b, 29)?,
+                offset: le::u64(b, 37)?,
+                num_bytes: le::u64(b, 45)?,
+            },
+            t => return Err(Error::corrupt(format!("file extent type {t}"))),
+        };
+        Ok(FileExtentItem {
+            generation: le::u64(b, 0)?,
+            ram_bytes: le::u64(b, 8)?,
+            compression: le::u8(b, 16)?,
+            encryption: le::u8(b, 17)?,
+            other_encoding: le::u16(b, 18)?,
+            extent_type,
+            body,
+        })
+    }
+
+    /// Bytes of the file this extent covers.
+    pub fn len(&self) -> u64 {
+        match &self.body {
+            ExtentBody::Inline(_) => self.ram_bytes,
+            ExtentBody::Regular { num_bytes, .. } => *num_bytes,
+        }
+    }
+
+    /// Whether the extent covers no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A root item: where a tree's root block is, and the subvolume's metadata.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RootItem {
+    pub inode: InodeItem,
+    pub generation: u64,
+    pub root_dirid: u64,
+    pub bytenr: u64,
+    pub byte_limit: u64,
+    pub bytes_used: u64,
+    pub last_snapshot: u64,
+    pub flags: u64,
+    pub refs: u32,
+    pub drop_progress: Key,
+    pub drop_level: u8,
+    pub level: u8,
+    pub generation_v2: u64,
+    pub uuid: [u8; 16],
+    pub parent_uuid: [u8; 16],
+    pub received_uuid: [u8; 16],
+    pub ctransid: u64,
+    pub otransid: u64,
+    pub stransid: u64,
+    pub rtransid: u64,
+    pub ctime: Timespec,
+    pub otime: Timespec,
+    pub stime: Timespec,
+    pub rtime: Timespec,
+}
+
+impl RootItem {
+    /// Size of the original (pre-v2) root item.
+    pub const V1_SIZE: usize = 239;
+
+    /// Decode a root item (the v2 fields are zero in an old, short item).
+    pub fn parse(b: &[u8]) -> Result<Self> {
+        if b.len() < Self::V1_SIZE {
+            return Err(Error::corrupt(format!("root item of {} bytes", b.len())));
+        }
+        let v2 = b.len() >= 439;
+        let opt_u64 = |o: usize| if v2 { le::u64(b, o) } else { Ok(0) };
+        let opt_uuid = |o: usize| if v2 { le::uuid(b, o) } else { Ok([0u8; 16]) };
+        let opt_ts = |o: usize| {
+            if v2 {
+                Timespec::parse(b, o)
+            } else {
+                Ok(Timespec::default())
+            }
+        };
+        Ok(RootItem {
+            inode: InodeItem::parse(b)?,
+            generation: le::u64(b, 160)?,
+            root_dirid: le::u64(b, 168)?,
+            bytenr: le::u64(b, 176)?,
+            byte_limit: le::u64(b, 184)?,
+            bytes_used: le::u64(b, 192)?,
+            last_snapshot: le::u64(b, 200)?,
+            flags: le::u64(b, 208)?,
+            refs: le::u32(b, 216)?,
+            drop_progress: Key::parse(b, 220)?,
+            drop_level: le::u8(b, 237)?,
+            level: le::u8(b, 238)?,
+            generation_v2: opt_u64(239)?,
+            uuid: opt_uuid(247)?,
+            parent_uuid: opt_uuid(263)?,
+            received_uuid: opt_uuid(279)?,
+            ctransid: opt_u64(295)?,
+            otransid: opt_u64(303)?,
+            stransid: opt_u64(311)?,
+            rtransid: opt_u64(319)?,
+            ctime: opt_ts(327)?,
+            otime: opt_ts(339)?,
+            stime: opt_ts(351)?,
+            rtime: opt_ts(363)?,
+        })
+    }
+}
+
+/// A ROOT_REF / ROOT_BACKREF: where a subvolume is linked in its parent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RootRef {
+    /// Directory inode (in the parent subvolume) holding the entry.
+    pub dirid: u64,
+    pub sequence: u64,
+    pub name: Vec<u8>,
+}
+
+impl RootRef {
+    /// Decode a root ref.
+    pub fn parse(b: &[u8]) -> Result<Self> {
+        let name_len = le::u16(b, 16)? as usize;
+        Ok(RootRef {
+            dirid: le::u64(b, 0)?,
+            sequence: le::u64(b, 8)?,
+            name: le::bytes(b, 18, name_len)?.to_vec(),
+        })
+    }
+}
+
+/// A block group item: usage of one chunk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockGroupItem {
+    pub used: u64,
+    pub chunk_objectid: u64,
+    pub flags: u64,
+}
+
+impl BlockGroupItem {
+    /// Decode a block group item.
+    pub fn parse(b: &[u8]) -> Result<Self> {
+        Ok(BlockGroupItem {
+            used: le::u64(b, 0)?,
+            chunk_objectid: le::u64(b, 8)?,
+            flags: le::u64(b, 16)?,
+        })
+    }
+}
+
+/// A dev extent: a device range owned by a chunk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DevExtent {
+    pub chunk_tree: u64,
+    pub chunk_objectid: u64,
+    pub chunk_offset: u64,
+    pub length: u64,
+    pub chunk_tree_uuid: [u8; 16],
+}
+
+impl DevExtent {
+    /// Decode a dev extent.
+    pub fn parse(b: &[u8]) -> Result<Self> {
+        Ok(DevExtent {
+            chunk_tree: le::u64(b, 0)?,
+            chunk_objectid: le::u64(b, 8)?,
+            chunk_offset: le::u64(b, 16)?,
+            length: le::u64(b, 24)?,
+            chunk_tree_uuid: le::uuid(b, 32)?,
+        })
+    }
+}

@@ -1,0 +1,1 @@
+//! Subvolumes and snapshots.

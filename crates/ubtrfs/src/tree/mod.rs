@@ -1,0 +1,1 @@
+//! B-trees: verified block reads, a node cache, search and iteration.

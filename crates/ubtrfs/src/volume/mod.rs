@@ -1,0 +1,1 @@
+//! The volume layer: the devices of one filesystem and the chunk map.

@@ -2,3 +2,5 @@
 //! verify every sector against the checksum tree.
 
 pub mod compression;
+mod pending;
+mod read;

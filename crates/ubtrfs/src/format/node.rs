@@ -115,19 +115,6 @@ impl Node {
         if header.level > MAX_LEVEL {
             return Err(format!("level {} above {MAX_LEVEL}", header.level));
         }
-        if let Some(level) = expect.level
-            && header.level != level
-        {
-            return Err(format!("level {} where {level} was expected", header.level));
-        }
-        if let Some(generation) = expect.generation
-            && header.generation != generation
-        {
-            return Err(format!(
-                "generation {} where the parent says {generation} (stale or misplaced block)",
-                header.generation
-            ));
-        }
         if header.generation > super_generation + 1 {
             return Err(format!(
                 "generation {} is newer than the superblock's {super_generation}",
@@ -136,16 +123,39 @@ impl Node {
         }
         let node = Node { header, data };
         node.check_items()?;
+        node.check_expect(expect)?;
+        Ok(node)
+    }
+
+    /// Check what the pointer to this block says of it: level, generation,
+    /// first key. A cached block is re-checked this way on every use.
+    pub fn check_expect(&self, expect: &Expect) -> std::result::Result<(), String> {
+        if let Some(level) = expect.level
+            && self.header.level != level
+        {
+            return Err(format!(
+                "level {} where {level} was expected",
+                self.header.level
+            ));
+        }
+        if let Some(generation) = expect.generation
+            && self.header.generation != generation
+        {
+            return Err(format!(
+                "generation {} where the parent says {generation} (stale or misplaced block)",
+                self.header.generation
+            ));
+        }
         if let Some(first) = expect.first_key
-            && node.nritems() > 0
-            && node.key(0) != first
+            && self.nritems() > 0
+            && self.key(0) != first
         {
             return Err(format!(
                 "first key {} where the parent says {first}",
-                node.key(0)
+                self.key(0)
             ));
         }
-        Ok(node)
+        Ok(())
     }
 
     fn check_items(&self) -> std::result::Result<(), String> {

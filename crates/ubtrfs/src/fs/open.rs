@@ -1,4 +1,330 @@
-//! Opening a filesystem from its devices.
+//! Opening a filesystem from its devices: superblock, chunk map, root tree.
 
-/// An open btrfs filesystem.
-pub struct Filesystem {}
+use super::inode::{InodeId, Stat};
+use crate::format::consts::*;
+use crate::format::items::{ChunkItem, DevItem, InodeItem, RootItem};
+use crate::format::superblock::Superblock;
+use crate::format::{Key, uuid_string};
+use crate::tree::{RootPtr, Tree, TreeReader};
+use crate::volume::{ChunkMap, DeviceSet, Volume};
+use crate::{Error, Result};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+
+/// Per-filesystem constants, decoded once at open (seed 000: hot paths
+/// never re-read them from on-disk fields).
+#[derive(Clone, Copy, Debug)]
+pub struct Geometry {
+    /// Data sector size.
+    pub sectorsize: u32,
+    /// Tree block size.
+    pub nodesize: u32,
+    /// Bytes of one data checksum.
+    pub csum_size: usize,
+}
+
+/// Space figures for `statfs`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StatFs {
+    /// Fundamental block size.
+    pub block_size: u32,
+    /// Size of all devices.
+    pub total_bytes: u64,
+    /// Bytes not yet used (an estimate: profiles are not taken into account).
+    pub free_bytes: u64,
+    /// Inodes in use, as far as known (0 if unknown).
+    pub files: u64,
+    /// Longest name.
+    pub name_max: u32,
+}
+
+/// An open btrfs filesystem (read-only for now). Safe to share between threads.
+pub struct Filesystem {
+    pub(crate) sb: Superblock,
+    pub(crate) geo: Geometry,
+    pub(crate) trees: TreeReader,
+    pub(crate) root_tree: RootPtr,
+    pub(crate) csum_root: Option<RootPtr>,
+    pub(crate) default_subvol: u64,
+    pub(crate) fs_roots: RwLock<HashMap<u64, RootPtr>>,
+    pub(crate) warnings: Vec<String>,
+}
+
+impl Filesystem {
+    /// Open the filesystem on `devices` (all of its devices, any order).
+    pub fn open<P: AsRef<Path>>(devices: &[P]) -> Result<Self> {
+        Self::from_device_set(DeviceSet::open(devices)?)
+    }
+
+    /// Open a filesystem from an already assembled device set.
+    pub fn from_device_set(set: DeviceSet) -> Result<Self> {
+        let sb = set.superblock.clone();
+        let mut warnings = set.warnings.clone();
+        let unknown = sb.incompat_flags & !INCOMPAT_SUPPORTED;
+        if unknown != 0 {
+            return Err(Error::Unsupported(format!(
+                "incompatible feature flags {unknown:#x}"
+            )));
+        }
+        if sb.incompat_flags & INCOMPAT_EXTENT_TREE_V2 != 0 {
+            return Err(Error::Unsupported("extent tree v2".into()));
+        }
+        let geo = Geometry {
+            sectorsize: sb.sectorsize,
+            nodesize: sb.nodesize,
+            csum_size: sb.csum_type.size(),
+        };
+
+        // The system chunks are enough to read the chunk tree.
+        let mut boot_map = ChunkMap::default();
+        for (key, chunk) in &sb.sys_chunks {
+            boot_map.insert(key.offset, chunk.clone())?;
+        }
+        let boot = TreeReader::new(
+            Arc::new(Volume {
+                devices: set.clone(),
+                chunks: boot_map,
+            }),
+            &sb,
+        );
+        let chunk_root = RootPtr {
+            bytenr: sb.chunk_root,
+            level: sb.chunk_root_level,
+            generation: Some(sb.chunk_root_generation),
+        };
+        let mut chunks = ChunkMap::default();
+        let mut dev_items = Vec::new();
+        for item in boot.tree(chunk_root).range(Key::MIN, Key::MAX)? {
+            let item = item?;
+            let key = item.key();
+            match key.item_type {
+                CHUNK_ITEM_KEY => chunks.insert(key.offset, ChunkItem::parse(item.data())?)?,
+                DEV_ITEM_KEY => dev_items.push(DevItem::parse(item.data())?),
+                _ => {}
+            }
+        }
+        check_devices(&set, &chunks, &dev_items, &mut warnings)?;
+        let volume = Arc::new(Volume {
+            devices: set,
+            chunks,
+        });
+        let trees = TreeReader::new(volume, &sb);
+        let root_tree = RootPtr {
+            bytenr: sb.root,
+            level: sb.root_level,
+            generation: Some(sb.generation),
+        };
+        if sb.log_root != 0 {
+            warnings.push(
+                "the filesystem has a log tree that is not replayed yet: data fsync'd after the last commit is not visible".into(),
+            );
+        }
+        let mut fs = Filesystem {
+            geo,
+            trees,
+            root_tree,
+            csum_root: None,
+            default_subvol: FS_TREE_OBJECTID,
+            fs_roots: RwLock::new(HashMap::new()),
+            warnings,
+            sb,
+        };
+        fs.csum_root = fs.find_root(CSUM_TREE_OBJECTID)?.map(|(p, _)| p);
+        fs.default_subvol = fs.find_default_subvol()?;
+        Ok(fs)
+    }
+
+    /// Problems met while opening that did not stop it (bad superblock
+    /// copies, missing mirrored devices, an unreplayed log).
+    pub fn warnings(&self) -> Vec<String> {
+        self.warnings.clone()
+    }
+
+    /// The superblock in use (the newest valid copy).
+    pub fn superblock(&self) -> &Superblock {
+        &self.sb
+    }
+
+    /// Sector size, node size and checksum size.
+    pub fn geometry(&self) -> Geometry {
+        self.geo
+    }
+
+    /// The tree-block reader (for inspection tools).
+    pub fn tree_reader(&self) -> &TreeReader {
+        &self.trees
+    }
+
+    /// The root tree.
+    pub fn root_tree(&self) -> Tree<'_> {
+        self.trees.tree(self.root_tree)
+    }
+
+    /// The chunk tree.
+    pub fn chunk_tree(&self) -> Tree<'_> {
+        self.trees.tree(RootPtr {
+            bytenr: self.sb.chunk_root,
+            level: self.sb.chunk_root_level,
+            generation: Some(self.sb.chunk_root_generation),
+        })
+    }
+
+    /// The tree with id `tree_id`, from its root item.
+    pub fn tree_by_id(&self, tree_id: u64) -> Result<Tree<'_>> {
+        match tree_id {
+            ROOT_TREE_OBJECTID => Ok(self.root_tree()),
+            CHUNK_TREE_OBJECTID => Ok(self.chunk_tree()),
+            _ => self
+                .find_root(tree_id)?
+                .map(|(p, _)| self.trees.tree(p))
+                .ok_or_else(|| Error::NotFound(format!("tree {tree_id}"))),
+        }
+    }
+
+    /// The root item of tree `tree_id` (newest one for snapshots' keys).
+    pub(crate) fn find_root(&self, tree_id: u64) -> Result<Option<(RootPtr, RootItem)>> {
+        let found = self
+            .root_tree()
+            .get_le(&Key::new(tree_id, ROOT_ITEM_KEY, u64::MAX))?;
+        let Some(item) = found else { return Ok(None) };
+        let key = item.key();
+        if key.objectid != tree_id || key.item_type != ROOT_ITEM_KEY {
+            return Ok(None);
+        }
+        let root = RootItem::parse(item.data())?;
+        let ptr = RootPtr {
+            bytenr: root.bytenr,
+            level: root.level,
+            generation: Some(root.generation),
+        };
+        Ok(Some((ptr, root)))
+    }
+
+    /// The fs tree of subvolume `subvol`.
+    pub(crate) fn fs_tree(&self, subvol: u64) -> Result<Tree<'_>> {
+        if let Some(ptr) = self
+            .fs_roots
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&subvol)
+        {
+            return Ok(self.trees.tree(*ptr));
+        }
+        if subvol != FS_TREE_OBJECTID && !(FIRST_FREE_OBJECTID..=u64::MAX - 256).contains(&subvol) {
+            return Err(Error::NotFound(format!("subvolume {subvol}")));
+        }
+        let (ptr, _) = self
+            .find_root(subvol)?
+            .ok_or_else(|| Error::NotFound(format!("subvolume {subvol}")))?;
+        self.fs_roots
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(subvol, ptr);
+        Ok(self.trees.tree(ptr))
+    }
+
+    /// The checksum tree, if the filesystem has one.
+    pub(crate) fn csum_tree(&self) -> Option<Tree<'_>> {
+        self.csum_root.map(|p| self.trees.tree(p))
+    }
+
+    /// The inode item of `id`.
+    pub(crate) fn inode_item(&self, id: InodeId) -> Result<InodeItem> {
+        let tree = self.fs_tree(id.subvol)?;
+        let item = tree
+            .get(&Key::new(id.ino, INODE_ITEM_KEY, 0))?
+            .ok_or_else(|| {
+                Error::NotFound(format!("inode {} in subvolume {}", id.ino, id.subvol))
+            })?;
+        InodeItem::parse(item.data())
+    }
+
+    /// Attributes of an inode.
+    pub fn stat(&self, id: InodeId) -> Result<Stat> {
+        if id.ino == super::dir::EMPTY_SUBVOL_DIR {
+            return Ok(super::dir::empty_subvol_dir_stat(id));
+        }
+        let item = self.inode_item(id)?;
+        Stat::from_item(id, &item).ok_or_else(|| {
+            Error::corrupt(format!(
+                "inode {} in subvolume {} has mode {:#o}",
+                id.ino, id.subvol, item.mode
+            ))
+        })
+    }
+
+    /// The root directory of the default subvolume.
+    pub fn root(&self) -> InodeId {
+        InodeId {
+            subvol: self.default_subvol,
+            ino: FIRST_INODE,
+        }
+    }
+
+    /// Space figures.
+    pub fn statfs(&self) -> StatFs {
+        StatFs {
+            block_size: self.geo.sectorsize,
+            total_bytes: self.sb.total_bytes,
+            free_bytes: self.sb.total_bytes.saturating_sub(self.sb.bytes_used),
+            files: 0,
+            name_max: 255,
+        }
+    }
+}
+
+/// Check that every chunk can be read with the devices present; warn for
+/// missing devices whose chunks have copies elsewhere.
+fn check_devices(
+    set: &DeviceSet,
+    chunks: &ChunkMap,
+    dev_items: &[DevItem],
+    warnings: &mut Vec<String>,
+) -> Result<()> {
+    let missing: Vec<&DevItem> = dev_items
+        .iter()
+        .filter(|d| set.get(d.devid).is_none())
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    for chunk in chunks.iter() {
+        let readable = (0..chunk.num_copies()).any(|mirror| {
+            // A copy is readable if every stripe it uses is present; a
+            // chunk spans at most all its stripes, so test each stripe row.
+            let step = chunk.item.stripe_len.max(1);
+            let rows = chunk.item.stripes.len() as u64 * 2;
+            (0..rows).all(|r| {
+                let pos = chunk.logical + (r * step).min(chunk.item.length - 1);
+                chunk
+                    .map(pos, 1, mirror)
+                    .map(|p| set.get(p.devid).is_some())
+                    .unwrap_or(false)
+            })
+        });
+        if !readable {
+            let gone: Vec<String> = chunk
+                .item
+                .stripes
+                .iter()
+                .filter(|s| set.get(s.devid).is_none())
+                .map(|s| format!("{} (uuid {})", s.devid, uuid_string(&s.dev_uuid)))
+                .collect();
+            return Err(Error::Devices(format!(
+                "device {} is missing and the {} chunk at logical {} has no complete copy without it; give every device of the filesystem",
+                gone.join(", "),
+                chunk.profile.name(),
+                chunk.logical
+            )));
+        }
+    }
+    for d in missing {
+        warnings.push(format!(
+            "device {} (uuid {}) is missing; reading degraded from the remaining copies",
+            d.devid,
+            uuid_string(&d.uuid)
+        ));
+    }
+    Ok(())
+}

@@ -1,1 +1,84 @@
-//! Subvolumes and snapshots.
+//! Subvolumes and snapshots: the default subvolume and the list of all.
+
+use super::open::Filesystem;
+use crate::Result;
+use crate::format::Key;
+use crate::format::consts::*;
+use crate::format::items::{DirItem, RootRef};
+
+/// A subvolume or snapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubvolInfo {
+    /// Tree id.
+    pub id: u64,
+    /// Tree id of the subvolume holding its link (0 for the top level).
+    pub parent: u64,
+    /// Directory inode of the link in the parent.
+    pub dirid: u64,
+    /// Name of the link.
+    pub name: Vec<u8>,
+    /// UUID, and the UUID of the subvolume it is a snapshot of.
+    pub uuid: [u8; 16],
+    pub parent_uuid: [u8; 16],
+    /// Read-only flag.
+    pub readonly: bool,
+    /// Generation of its root.
+    pub generation: u64,
+}
+
+impl Filesystem {
+    /// The default subvolume: the "default" entry of the root tree's
+    /// directory, or the top-level subvolume.
+    pub(crate) fn find_default_subvol(&self) -> Result<u64> {
+        let found = self.root_tree().get(&Key::new(
+            ROOT_TREE_DIR_OBJECTID,
+            DIR_ITEM_KEY,
+            super::dir::name_hash(b"default"),
+        ))?;
+        if let Some(item) = found {
+            for d in DirItem::parse_all(item.data())? {
+                if d.name == b"default" && d.location.objectid != 0 {
+                    return Ok(d.location.objectid);
+                }
+            }
+        }
+        Ok(FS_TREE_OBJECTID)
+    }
+
+    /// Every subvolume and snapshot but the top level, by id.
+    pub fn subvolumes(&self) -> Result<Vec<SubvolInfo>> {
+        let mut out = Vec::new();
+        let tree = self.root_tree();
+        for item in tree.range(
+            Key::new(FIRST_FREE_OBJECTID, 0, 0),
+            Key::new(u64::MAX - 256, u8::MAX, u64::MAX),
+        )? {
+            let item = item?;
+            let key = item.key();
+            if key.item_type != ROOT_BACKREF_KEY {
+                continue;
+            }
+            let rr = RootRef::parse(item.data())?;
+            let (uuid, parent_uuid, readonly, generation) = match self.find_root(key.objectid)? {
+                Some((_, r)) => (
+                    r.uuid,
+                    r.parent_uuid,
+                    r.flags & ROOT_SUBVOL_RDONLY != 0,
+                    r.generation,
+                ),
+                None => continue,
+            };
+            out.push(SubvolInfo {
+                id: key.objectid,
+                parent: key.offset,
+                dirid: rr.dirid,
+                name: rr.name,
+                uuid,
+                parent_uuid,
+                readonly,
+                generation,
+            });
+        }
+        Ok(out)
+    }
+}

@@ -1,1 +1,342 @@
 //! B-trees: verified block reads, a node cache, search and iteration.
+
+mod node_cache;
+
+pub use node_cache::NodeCache;
+
+use crate::format::node::{Expect, Node};
+use crate::format::superblock::Superblock;
+use crate::format::{CsumType, Key};
+use crate::volume::Volume;
+use crate::{Error, Result};
+use std::sync::Arc;
+
+/// Where a tree's root block is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RootPtr {
+    /// Logical address of the root block.
+    pub bytenr: u64,
+    /// Level of the root block.
+    pub level: u8,
+    /// Generation of the root block, when the pointer records it.
+    pub generation: Option<u64>,
+}
+
+/// Reads and verifies tree blocks, trying every copy, through a cache.
+pub struct TreeReader {
+    volume: Arc<Volume>,
+    cache: NodeCache,
+    csum_type: CsumType,
+    fsid: [u8; 16],
+    nodesize: usize,
+    super_generation: u64,
+}
+
+impl TreeReader {
+    /// A reader for the filesystem described by `sb` on `volume`.
+    pub fn new(volume: Arc<Volume>, sb: &Superblock) -> Self {
+        let nodesize = sb.nodesize as usize;
+        TreeReader {
+            volume,
+            cache: NodeCache::new((64 << 20) / nodesize),
+            csum_type: sb.csum_type,
+            fsid: sb.tree_fsid(),
+            nodesize,
+            super_generation: sb.generation,
+        }
+    }
+
+    /// The volume blocks are read from.
+    pub fn volume(&self) -> &Arc<Volume> {
+        &self.volume
+    }
+
+    /// Read the block `expect` describes; a copy that fails verification is
+    /// skipped for the next one. Fails only if no copy is good.
+    pub fn read_node(&self, expect: &Expect) -> Result<Arc<Node>> {
+        if let Some(node) = self.cache.get(expect.bytenr) {
+            node.check_expect(expect)
+                .map_err(|why| Error::BadTreeBlock {
+                    logical: expect.bytenr,
+                    why,
+                })?;
+            return Ok(node);
+        }
+        let copies = self.volume.num_copies(expect.bytenr)?;
+        let mut problems = Vec::new();
+        for mirror in 0..copies {
+            if !self.volume.copy_present(expect.bytenr, mirror) {
+                problems.push(format!("copy {mirror}: device missing"));
+                continue;
+            }
+            let mut buf = vec![0u8; self.nodesize].into_boxed_slice();
+            if let Err(e) = self.volume.read_copy(expect.bytenr, mirror, &mut buf) {
+                problems.push(format!("copy {mirror}: {e}"));
+                continue;
+            }
+            match Node::parse(
+                buf,
+                self.csum_type,
+                &self.fsid,
+                expect,
+                self.super_generation,
+            ) {
+                Ok(node) => {
+                    let node = Arc::new(node);
+                    self.cache.insert(expect.bytenr, node.clone());
+                    return Ok(node);
+                }
+                Err(why) => problems.push(format!("copy {mirror}: {why}")),
+            }
+        }
+        Err(Error::BadTreeBlock {
+            logical: expect.bytenr,
+            why: problems.join("; "),
+        })
+    }
+
+    /// The tree rooted at `root`.
+    pub fn tree(&self, root: RootPtr) -> Tree<'_> {
+        Tree { reader: self, root }
+    }
+}
+
+/// A leaf item held by a reference to its block.
+#[derive(Clone)]
+pub struct ItemRef {
+    node: Arc<Node>,
+    slot: usize,
+}
+
+impl ItemRef {
+    /// The item's key.
+    pub fn key(&self) -> Key {
+        self.node.key(self.slot)
+    }
+
+    /// The item's data.
+    pub fn data(&self) -> &[u8] {
+        self.node.item(self.slot).data
+    }
+
+    /// The leaf holding the item.
+    pub fn leaf(&self) -> &Arc<Node> {
+        &self.node
+    }
+}
+
+impl std::fmt::Debug for ItemRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ItemRef({} in {})", self.key(), self.node.header.bytenr)
+    }
+}
+
+/// One B-tree, read through a [`TreeReader`].
+#[derive(Clone, Copy)]
+pub struct Tree<'a> {
+    reader: &'a TreeReader,
+    root: RootPtr,
+}
+
+/// How to pick the slot in a node while descending.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Find {
+    /// First item with key >= target.
+    Ge,
+    /// Last item with key <= target.
+    Le,
+}
+
+impl<'a> Tree<'a> {
+    /// The root pointer.
+    pub fn root(&self) -> RootPtr {
+        self.root
+    }
+
+    fn root_node(&self) -> Result<Arc<Node>> {
+        self.reader.read_node(&Expect {
+            bytenr: self.root.bytenr,
+            generation: self.root.generation,
+            level: Some(self.root.level),
+            first_key: None,
+        })
+    }
+
+    fn child(&self, node: &Node, slot: usize) -> Result<Arc<Node>> {
+        let ptr = node.key_ptr(slot);
+        self.reader.read_node(&Expect {
+            bytenr: ptr.blockptr,
+            generation: Some(ptr.generation),
+            level: Some(node.level() - 1),
+            first_key: Some(ptr.key),
+        })
+    }
+
+    /// Descend to the leaf for `key`, returning the path (root first) with
+    /// the slot taken in each node.
+    fn descend(&self, key: &Key, find: Find) -> Result<Vec<(Arc<Node>, usize)>> {
+        let mut path = Vec::new();
+        let mut node = self.root_node()?;
+        loop {
+            if node.is_leaf() {
+                let slot = match find {
+                    Find::Le => node.slot_le(key).map_or(usize::MAX, |s| s),
+                    Find::Ge => match node.slot_le(key) {
+                        Some(s) if node.key(s) == *key => s,
+                        Some(s) => s + 1,
+                        None => 0,
+                    },
+                };
+                path.push((node, slot));
+                return Ok(path);
+            }
+            if node.nritems() == 0 {
+                return Err(Error::BadTreeBlock {
+                    logical: node.header.bytenr,
+                    why: "internal node with no pointers".into(),
+                });
+            }
+            let slot = node.slot_le(key).unwrap_or(0);
+            let child = self.child(&node, slot)?;
+            path.push((node, slot));
+            node = child;
+        }
+    }
+
+    /// The item with exactly `key`.
+    pub fn get(&self, key: &Key) -> Result<Option<ItemRef>> {
+        Ok(self.get_le(key)?.filter(|it| it.key() == *key))
+    }
+
+    /// The last item with a key <= `key`.
+    pub fn get_le(&self, key: &Key) -> Result<Option<ItemRef>> {
+        let mut path = self.descend(key, Find::Le)?;
+        let (leaf, slot) = path
+            .pop()
+            .ok_or_else(|| Error::corrupt("empty tree path"))?;
+        if slot != usize::MAX {
+            return Ok(Some(ItemRef { node: leaf, slot }));
+        }
+        // Every key of this leaf is greater; only possible at the far left.
+        Ok(None)
+    }
+
+    /// Items with keys in `start..=end`, in order.
+    pub fn range(&self, start: Key, end: Key) -> Result<TreeIter<'a>> {
+        let path = self.descend(&start, Find::Ge)?;
+        Ok(TreeIter {
+            tree: *self,
+            path,
+            end,
+            done: false,
+        })
+    }
+
+    /// Every item whose objectid and type are given (any offset).
+    pub fn items_of(&self, objectid: u64, item_type: u8) -> Result<TreeIter<'a>> {
+        self.range(
+            Key::new(objectid, item_type, 0),
+            Key::new(objectid, item_type, u64::MAX),
+        )
+    }
+
+    /// Call `f` on every block of the tree, parents before children, in key order.
+    pub fn walk(&self, f: &mut dyn FnMut(&Node) -> Result<()>) -> Result<()> {
+        let root = self.root_node()?;
+        self.walk_node(&root, f)
+    }
+
+    fn walk_node(&self, node: &Arc<Node>, f: &mut dyn FnMut(&Node) -> Result<()>) -> Result<()> {
+        f(node)?;
+        if !node.is_leaf() {
+            for slot in 0..node.nritems() {
+                let child = self.child(node, slot)?;
+                self.walk_node(&child, f)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Iterator over a key range of a tree.
+pub struct TreeIter<'a> {
+    tree: Tree<'a>,
+    path: Vec<(Arc<Node>, usize)>,
+    end: Key,
+    done: bool,
+}
+
+impl TreeIter<'_> {
+    /// Move to the next leaf; false at the end of the tree.
+    fn next_leaf(&mut self) -> Result<bool> {
+        // Climb until a node has a slot to the right.
+        self.path.pop();
+        loop {
+            let Some((node, slot)) = self.path.last_mut() else {
+                return Ok(false);
+            };
+            if *slot + 1 < node.nritems() {
+                *slot += 1;
+                break;
+            }
+            self.path.pop();
+        }
+        // Descend along leftmost children.
+        loop {
+            let (node, slot) = self
+                .path
+                .last()
+                .cloned()
+                .ok_or_else(|| Error::corrupt("empty path"))?;
+            let child = self.tree.child(&node, slot)?;
+            let leaf = child.is_leaf();
+            self.path.push((child, 0));
+            if leaf {
+                return Ok(true);
+            }
+        }
+    }
+
+    fn advance(&mut self) -> Result<Option<ItemRef>> {
+        if self.done {
+            return Ok(None);
+        }
+        loop {
+            let Some((leaf, slot)) = self.path.last_mut() else {
+                self.done = true;
+                return Ok(None);
+            };
+            if *slot < leaf.nritems() {
+                let item = ItemRef {
+                    node: leaf.clone(),
+                    slot: *slot,
+                };
+                *slot += 1;
+                if item.key() > self.end {
+                    self.done = true;
+                    return Ok(None);
+                }
+                return Ok(Some(item));
+            }
+            if !self.next_leaf()? {
+                self.done = true;
+                return Ok(None);
+            }
+        }
+    }
+}
+
+impl Iterator for TreeIter<'_> {
+    type Item = Result<ItemRef>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self.advance() {
+            Ok(Some(item)) => Some(Ok(item)),
+            Ok(None) => None,
+            Err(e) => {
+                self.done = true;
+                Some(Err(e))
+            }
+        }
+    }
+}

@@ -1,1 +1,56 @@
-//! The volume layer: the devices of one filesystem and the chunk map.
+//! The volume layer: the devices of one filesystem and the chunk map that
+//! turns logical addresses into device ranges.
+
+pub mod chunk_map;
+mod devices;
+
+pub use chunk_map::{ChunkMap, Profile};
+pub use devices::{DeviceSet, scan_device};
+
+use crate::device::Device;
+use crate::{Error, Result};
+use std::sync::Arc;
+
+/// The devices of a filesystem plus its chunk map: logical reads.
+pub struct Volume {
+    /// The devices, by devid.
+    pub devices: DeviceSet,
+    /// Logical to physical mapping.
+    pub chunks: ChunkMap,
+}
+
+impl Volume {
+    /// How many copies of the data at `logical` exist (1 unless mirrored).
+    pub fn num_copies(&self, logical: u64) -> Result<usize> {
+        Ok(self.chunks.lookup(logical)?.num_copies())
+    }
+
+    /// Read `buf.len()` bytes at `logical` from copy `mirror` (0-based).
+    /// The range must not cross a chunk boundary.
+    pub fn read_copy(&self, logical: u64, mirror: usize, buf: &mut [u8]) -> Result<()> {
+        let chunk = self.chunks.lookup(logical)?;
+        let mut done = 0usize;
+        while done < buf.len() {
+            let pos = logical + done as u64;
+            let piece = chunk.map(pos, buf.len() - done, mirror)?;
+            let dev: &Arc<dyn Device> = self.devices.get(piece.devid).ok_or_else(|| {
+                Error::Devices(format!(
+                    "device {} holding logical {pos} is missing",
+                    piece.devid
+                ))
+            })?;
+            dev.read_at(piece.physical, &mut buf[done..done + piece.len])?;
+            done += piece.len;
+        }
+        Ok(())
+    }
+
+    /// Whether copy `mirror` of `logical` is on a device that is present.
+    pub fn copy_present(&self, logical: u64, mirror: usize) -> bool {
+        self.chunks
+            .lookup(logical)
+            .and_then(|c| c.map(logical, 1, mirror))
+            .map(|p| self.devices.get(p.devid).is_some())
+            .unwrap_or(false)
+    }
+}

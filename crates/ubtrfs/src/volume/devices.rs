@@ -1,0 +1,131 @@
+//! Finding a filesystem's devices and their superblocks.
+
+use crate::device::{Device, FileDevice};
+use crate::format::consts::{SUPER_OFFSETS, SUPER_SIZE};
+use crate::format::superblock::Superblock;
+use crate::format::uuid_string;
+use crate::{Error, Result};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Read every superblock copy that fits on `dev` and return the valid one
+/// with the highest generation, plus a warning for each bad copy before it.
+pub fn scan_device(dev: &dyn Device) -> Result<(Superblock, Vec<String>)> {
+    let mut best: Option<Superblock> = None;
+    let mut problems = Vec::new();
+    for (i, &off) in SUPER_OFFSETS.iter().enumerate() {
+        if off + SUPER_SIZE as u64 > dev.size() {
+            break;
+        }
+        let mut buf = vec![0u8; SUPER_SIZE];
+        let parsed = dev
+            .read_at(off, &mut buf)
+            .and_then(|_| Superblock::parse(&buf, off));
+        match parsed {
+            Ok(sb) => {
+                if best.as_ref().is_none_or(|b| sb.generation > b.generation) {
+                    best = Some(sb);
+                }
+            }
+            Err(e) => problems.push(format!("copy {i} at {off}: {e}")),
+        }
+    }
+    match best {
+        Some(sb) => {
+            let warnings = problems
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{}: superblock {p}; using the copy of generation {}",
+                        dev.path().display(),
+                        sb.generation
+                    )
+                })
+                .collect();
+            Ok((sb, warnings))
+        }
+        None => Err(Error::NoSuperblock {
+            path: dev.path().to_path_buf(),
+            why: if problems.is_empty() {
+                format!("device of {} bytes is too small to hold one", dev.size())
+            } else {
+                problems.join("; ")
+            },
+        }),
+    }
+}
+
+/// The present devices of one filesystem, by devid.
+#[derive(Clone)]
+pub struct DeviceSet {
+    devices: BTreeMap<u64, Arc<dyn Device>>,
+    /// The newest superblock among the devices.
+    pub superblock: Superblock,
+    /// Problems found while opening (bad superblock copies).
+    pub warnings: Vec<String>,
+}
+
+impl DeviceSet {
+    /// Open `paths` read-only and check that they belong to one filesystem.
+    pub fn open<P: AsRef<Path>>(paths: &[P]) -> Result<Self> {
+        let mut devs: Vec<Arc<dyn Device>> = Vec::new();
+        for p in paths {
+            devs.push(Arc::new(FileDevice::open_read_only(p)?));
+        }
+        Self::from_devices(devs)
+    }
+
+    /// Group already-open devices by devid, checking fsids agree.
+    pub fn from_devices(devs: Vec<Arc<dyn Device>>) -> Result<Self> {
+        if devs.is_empty() {
+            return Err(Error::Devices("no device given".into()));
+        }
+        let mut devices = BTreeMap::new();
+        let mut warnings = Vec::new();
+        let mut newest: Option<Superblock> = None;
+        for dev in devs {
+            let (sb, w) = scan_device(dev.as_ref())?;
+            warnings.extend(w);
+            if let Some(first) = &newest
+                && first.fsid != sb.fsid
+            {
+                return Err(Error::Devices(format!(
+                    "{} belongs to filesystem {}, not {}",
+                    dev.path().display(),
+                    uuid_string(&sb.fsid),
+                    uuid_string(&first.fsid)
+                )));
+            }
+            let devid = sb.dev_item.devid;
+            if let Some(other) = devices.get(&devid) {
+                let other: &Arc<dyn Device> = other;
+                return Err(Error::Devices(format!(
+                    "{} and {} are both device {devid}",
+                    other.path().display(),
+                    dev.path().display()
+                )));
+            }
+            if newest.as_ref().is_none_or(|n| sb.generation > n.generation) {
+                newest = Some(sb);
+            }
+            devices.insert(devid, dev);
+        }
+        let superblock = newest.ok_or_else(|| Error::Devices("no device given".into()))?;
+        Ok(DeviceSet {
+            devices,
+            superblock,
+            warnings,
+        })
+    }
+
+    /// The device with `devid`, if it was given.
+    pub fn get(&self, devid: u64) -> Option<&Arc<dyn Device>> {
+        self.devices.get(&devid)
+    }
+
+    /// Every present device.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &Arc<dyn Device>)> {
+        self.devices.iter().map(|(&id, d)| (id, d))
+    }
+}

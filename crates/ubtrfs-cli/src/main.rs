@@ -1,1 +1,60 @@
-fn main() {}
+//! `ubtrfs`: the command line of ubtrfs, modelled on btrfs-progs.
+//!
+//! Each command group lives in its own module under [`cmd`]; the FUSE adapter
+//! is in [`fuse`]. This file only parses the command line, sets up logging
+//! and turns an error into a message on stderr and a non-zero exit code.
+
+mod cmd;
+mod fuse;
+mod util;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// btrfs in user space: read, restore, inspect and mount btrfs filesystems
+/// without the kernel's btrfs driver.
+#[derive(Parser, Debug)]
+#[command(name = "ubtrfs", version, propagate_version = true)]
+struct Cli {
+    /// More log output on stderr (-v info, -vv debug, -vvv trace).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The top-level commands.
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// List a directory (or a file) inside a filesystem.
+    Ls(cmd::ls::Args),
+    /// Write the contents of a file inside a filesystem to stdout.
+    Cat(cmd::cat::Args),
+    /// Copy files out of a filesystem into a directory of the host.
+    Restore(cmd::restore::Args),
+    /// Mount a filesystem through FUSE.
+    Mount(cmd::mount::Args),
+    /// Look at on-disk structures.
+    #[command(subcommand)]
+    Inspect(cmd::inspect::Command),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    util::init_logging(cli.verbose);
+    let result = match cli.command {
+        Command::Ls(args) => cmd::ls::run(args),
+        Command::Cat(args) => cmd::cat::run(args),
+        Command::Restore(args) => cmd::restore::run(args, cli.verbose),
+        Command::Mount(args) => cmd::mount::run(args),
+        Command::Inspect(command) => cmd::inspect::run(command),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ubtrfs: error: {}", util::error_chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}

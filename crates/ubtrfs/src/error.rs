@@ -9,7 +9,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// An operating-system I/O error on a device.
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io {
         /// The device file.
         path: PathBuf,

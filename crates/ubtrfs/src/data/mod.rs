@@ -2,5 +2,4 @@
 //! verify every sector against the checksum tree.
 
 pub mod compression;
-mod pending;
 mod read;

@@ -1,7 +1,7 @@
 //! The read path: file extents to bytes, every sector checked against the
 //! checksum tree, other copies tried on a mismatch.
 
-use super::pending::{Compression, decompress};
+use super::compression::{Compression, decompress};
 use crate::csum_tree;
 use crate::format::Key;
 use crate::format::consts::*;

@@ -53,7 +53,7 @@ impl CsumType {
             CsumType::Crc32c => "crc32c",
             CsumType::Xxhash64 => "xxhash64",
             CsumType::Sha256 => "sha256",
-            CsumType::Blake2b => "blake2b",
+            CsumType::Blake2b => "blake2",
         }
     }
 

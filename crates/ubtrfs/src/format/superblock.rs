@@ -7,7 +7,8 @@ use super::key::{KEY_SIZE, Key};
 use super::le;
 use crate::{Error, Result};
 
-/// Offset of the system chunk array in the superblock.
+/// Offset of the system chunk array in the superblock (after the block
+/// group root fields at 0x253..0x264 and reserved space).
 const SYS_CHUNK_ARRAY_OFF: usize = 0x32b;
 /// Size of the system chunk array area.
 pub const SYS_CHUNK_ARRAY_MAX: usize = 2048;
@@ -54,6 +55,8 @@ pub struct Superblock {
     pub root: u64,
     pub chunk_root: u64,
     pub log_root: u64,
+    /// Transid of the log root (unused by current kernels, kept for dumps).
+    pub log_root_transid: u64,
     pub total_bytes: u64,
     pub bytes_used: u64,
     pub root_dir_objectid: u64,
@@ -76,6 +79,10 @@ pub struct Superblock {
     pub uuid_tree_generation: u64,
     pub metadata_uuid: [u8; 16],
     pub nr_global_roots: u64,
+    /// Root of the block group tree (compat_ro BLOCK_GROUP_TREE), its generation and level.
+    pub block_group_root: u64,
+    pub block_group_root_generation: u64,
+    pub block_group_root_level: u8,
     /// The system chunks: (key, chunk) pairs needed to read the chunk tree.
     pub sys_chunks: Vec<(Key, ChunkItem)>,
     pub backup_roots: Vec<BackupRoot>,
@@ -184,6 +191,7 @@ impl Superblock {
             root: le::u64(b, 0x50)?,
             chunk_root: le::u64(b, 0x58)?,
             log_root: le::u64(b, 0x60)?,
+            log_root_transid: le::u64(b, 0x68)?,
             total_bytes: le::u64(b, 0x70)?,
             bytes_used: le::u64(b, 0x78)?,
             root_dir_objectid: le::u64(b, 0x80)?,
@@ -206,6 +214,9 @@ impl Superblock {
             uuid_tree_generation: le::u64(b, 0x233)?,
             metadata_uuid: le::uuid(b, 0x23b)?,
             nr_global_roots: le::u64(b, 0x24b)?,
+            block_group_root: le::u64(b, 0x253)?,
+            block_group_root_generation: le::u64(b, 0x25b)?,
+            block_group_root_level: le::u8(b, 0x263)?,
             sys_chunks,
             backup_roots,
             raw,

@@ -20,7 +20,9 @@ pub fn name_hash(name: &[u8]) -> u64 {
 }
 
 /// Attributes of the placeholder directory for an unreachable subvolume link.
-pub(crate) fn empty_subvol_dir_stat(id: InodeId) -> Stat {
+/// Its times are when the filesystem was opened, as the kernel shows the
+/// time the placeholder was made.
+pub(crate) fn empty_subvol_dir_stat(id: InodeId, now: Timespec) -> Stat {
     Stat {
         id,
         kind: FileKind::Dir,
@@ -32,10 +34,10 @@ pub(crate) fn empty_subvol_dir_stat(id: InodeId) -> Stat {
         nbytes: 0,
         rdev: 0,
         flags: 0,
-        atime: Timespec::default(),
-        mtime: Timespec::default(),
-        ctime: Timespec::default(),
-        otime: Timespec::default(),
+        atime: now,
+        mtime: now,
+        ctime: now,
+        otime: now,
         generation: 0,
     }
 }

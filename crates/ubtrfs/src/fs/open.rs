@@ -49,6 +49,8 @@ pub struct Filesystem {
     pub(crate) default_subvol: u64,
     pub(crate) fs_roots: RwLock<HashMap<u64, RootPtr>>,
     pub(crate) warnings: Vec<String>,
+    /// When the filesystem was opened (times of synthesized inodes).
+    pub(crate) opened_at: crate::format::items::Timespec,
 }
 
 impl Filesystem {
@@ -129,6 +131,7 @@ impl Filesystem {
             fs_roots: RwLock::new(HashMap::new()),
             warnings,
             sb,
+            opened_at: now(),
         };
         fs.csum_root = fs.find_root(CSUM_TREE_OBJECTID)?.map(|(p, _)| p);
         fs.default_subvol = fs.find_default_subvol()?;
@@ -243,7 +246,7 @@ impl Filesystem {
     /// Attributes of an inode.
     pub fn stat(&self, id: InodeId) -> Result<Stat> {
         if id.ino == super::dir::EMPTY_SUBVOL_DIR {
-            return Ok(super::dir::empty_subvol_dir_stat(id));
+            return Ok(super::dir::empty_subvol_dir_stat(id, self.opened_at));
         }
         let item = self.inode_item(id)?;
         Stat::from_item(id, &item).ok_or_else(|| {
@@ -327,4 +330,14 @@ fn check_devices(
         ));
     }
     Ok(())
+}
+
+fn now() -> crate::format::items::Timespec {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    crate::format::items::Timespec {
+        sec: d.as_secs() as i64,
+        nsec: d.subsec_nanos(),
+    }
 }

@@ -101,7 +101,7 @@ impl Chunk {
             return Err(bad("bad stripe length"));
         }
         if profile == Profile::Raid10
-            && (item.sub_stripes < 2 || n % item.sub_stripes as usize != 0)
+            && (item.sub_stripes < 2 || !n.is_multiple_of(item.sub_stripes as usize))
         {
             return Err(bad("bad sub-stripe count"));
         }

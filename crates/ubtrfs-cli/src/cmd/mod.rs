@@ -1,0 +1,122 @@
+//! The commands, one module per command group, and what they share: how
+//! devices are named on the command line and how a filesystem is opened.
+
+pub mod cat;
+pub mod inspect;
+pub mod ls;
+pub mod mount;
+pub mod restore;
+
+use anyhow::{Context, Result, bail};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use ubtrfs::fs::{Filesystem, InodeId};
+
+/// Open the filesystem made of `devices` read-only and print the library's
+/// warnings (for example about a degraded filesystem) on stderr.
+pub fn open_fs(devices: &[PathBuf]) -> Result<Filesystem> {
+    let fs = Filesystem::open(devices)
+        .with_context(|| format!("cannot open a btrfs filesystem on {}", list(devices)))?;
+    for warning in fs.warnings() {
+        eprintln!("ubtrfs: warning: {warning}");
+    }
+    Ok(fs)
+}
+
+/// The devices, for messages: `a.img, b.img`.
+pub fn list(devices: &[PathBuf]) -> String {
+    devices
+        .iter()
+        .map(|d| d.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A path inside the filesystem as bytes; it must be absolute.
+pub fn fs_path(path: &Path) -> Result<&[u8]> {
+    let bytes = path.as_os_str().as_bytes();
+    if !bytes.starts_with(b"/") {
+        bail!(
+            "{}: a path inside the filesystem must start with '/'",
+            path.display()
+        );
+    }
+    Ok(bytes)
+}
+
+/// How many symbolic links one path lookup may follow, as on Linux.
+const MAX_SYMLINKS: u32 = 40;
+
+/// Resolve an absolute path inside the filesystem, component by component,
+/// following symbolic links in the directories on the way (and in the last
+/// component if `follow_last`). An absolute link target is taken relative to
+/// the filesystem's root, never the host's. The error names the path.
+pub fn resolve(fs: &Filesystem, path: &[u8], follow_last: bool) -> Result<InodeId> {
+    walk(fs, path, follow_last).with_context(|| crate::util::show(path))
+}
+
+fn walk(fs: &Filesystem, path: &[u8], follow_last: bool) -> Result<InodeId> {
+    use std::collections::VecDeque;
+    let split = |p: &[u8]| -> Vec<Vec<u8>> {
+        p.split(|&c| c == b'/')
+            .filter(|c| !c.is_empty() && *c != b".")
+            .map(<[u8]>::to_vec)
+            .collect()
+    };
+    let root = fs.root();
+    let mut cur = root;
+    let mut todo: VecDeque<Vec<u8>> = split(path).into();
+    let mut links = 0;
+    while let Some(name) = todo.pop_front() {
+        if name == b".." {
+            cur = fs.parent(cur)?;
+            continue;
+        }
+        let entry = fs.lookup(cur, &name)?;
+        let last = todo.is_empty();
+        if entry.kind == ubtrfs::fs::FileKind::Symlink && (!last || follow_last) {
+            links += 1;
+            if links > MAX_SYMLINKS {
+                bail!("too many levels of symbolic links");
+            }
+            let target = fs.read_link(entry.id)?;
+            if target.starts_with(b"/") {
+                cur = root;
+            }
+            for c in split(&target).into_iter().rev() {
+                todo.push_front(c);
+            }
+            continue;
+        }
+        if !last && entry.kind != ubtrfs::fs::FileKind::Dir {
+            bail!("{}: not a directory", crate::util::show(&name));
+        }
+        cur = entry.id;
+    }
+    Ok(cur)
+}
+
+/// Offset of the magic number in the primary superblock of a device.
+const MAGIC_OFFSET: u64 = 0x1_0000 + 0x40;
+
+/// Whether `path` is an existing regular file or block device of the host
+/// that carries the btrfs magic in its primary superblock.
+pub fn has_btrfs_magic(path: &Path) -> bool {
+    let Ok(file) = std::fs::File::open(path) else {
+        return false;
+    };
+    let mut magic = [0u8; 8];
+    match file.metadata() {
+        Ok(m) if m.is_file() || std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()) => {
+        }
+        _ => return false,
+    }
+    file.read_exact_at(&mut magic, MAGIC_OFFSET).is_ok() && &magic == b"_BHRfS_M"
+}
+
+/// A file name from the filesystem as an `OsStr` of the host.
+pub fn os_name(name: &[u8]) -> &OsStr {
+    OsStr::from_bytes(name)
+}

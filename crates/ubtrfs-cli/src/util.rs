@@ -1,0 +1,192 @@
+//! Small helpers shared by the commands: logging setup, formatting of
+//! modes, times and device numbers.
+
+use std::io::IsTerminal;
+use ubtrfs::format::items::Timespec;
+
+/// Set up `tracing` output on stderr. `verbose` counts `-v` flags; the
+/// `UBTRFS_LOG` environment variable (`error`, `warn`, `info`, `debug`,
+/// `trace`) overrides it. Messages of crates that use `log` (such as `fuser`)
+/// are forwarded too.
+pub fn init_logging(verbose: u8) {
+    use tracing::Level;
+    use tracing_subscriber::filter::Targets;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let from_env = std::env::var("UBTRFS_LOG")
+        .ok()
+        .and_then(|v| v.parse::<Level>().ok());
+    let level = from_env.unwrap_or(match verbose {
+        0 => Level::WARN,
+        1 => Level::INFO,
+        2 => Level::DEBUG,
+        _ => Level::TRACE,
+    });
+    // fuser warns about an unmount that already happened (after
+    // `fusermount3 -u`): keep its messages to errors unless debugging.
+    let fuser_level = if verbose >= 2 { level } else { Level::ERROR };
+    let targets = Targets::new()
+        .with_default(level)
+        .with_target("fuser", fuser_level);
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_max_level(level)
+        .with_target(verbose >= 2)
+        .without_time()
+        .finish()
+        .with(targets);
+    // A second initialisation (never expected) is harmless: ignore its error.
+    let _ = subscriber.try_init();
+}
+
+/// An error and its causes on one line, `outer: inner: ...`, leaving out a
+/// cause whose text the message already ends with (some errors repeat
+/// their source in their own text).
+pub fn error_chain(e: &anyhow::Error) -> String {
+    let mut msg = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if msg.ends_with(&text) {
+            continue;
+        }
+        if !msg.is_empty() {
+            msg.push_str(": ");
+        }
+        msg.push_str(&text);
+    }
+    msg
+}
+
+/// The `ls -l` style string of a mode: type letter and nine permission
+/// characters, with setuid, setgid and sticky folded in.
+pub fn mode_string(mode: u32) -> String {
+    let kind = match mode & libc::S_IFMT {
+        libc::S_IFDIR => 'd',
+        libc::S_IFLNK => 'l',
+        libc::S_IFCHR => 'c',
+        libc::S_IFBLK => 'b',
+        libc::S_IFIFO => 'p',
+        libc::S_IFSOCK => 's',
+        libc::S_IFREG => '-',
+        _ => '?',
+    };
+    let mut s = String::with_capacity(10);
+    s.push(kind);
+    // (read bit, write bit, exec bit, special bit, letter if special+exec, letter if special only)
+    let triads = [
+        (0o400, 0o200, 0o100, 0o4000, 's', 'S'),
+        (0o040, 0o020, 0o010, 0o2000, 's', 'S'),
+        (0o004, 0o002, 0o001, 0o1000, 't', 'T'),
+    ];
+    for (r, w, x, special, with_x, without_x) in triads {
+        s.push(if mode & r != 0 { 'r' } else { '-' });
+        s.push(if mode & w != 0 { 'w' } else { '-' });
+        s.push(match (mode & x != 0, mode & special != 0) {
+            (true, false) => 'x',
+            (false, false) => '-',
+            (true, true) => with_x,
+            (false, true) => without_x,
+        });
+    }
+    s
+}
+
+/// Split a device number as btrfs stores it (the kernel's internal
+/// encoding: 12-bit major above a 20-bit minor) into (major, minor).
+pub fn rdev_split(rdev: u64) -> (u32, u32) {
+    (((rdev >> 20) & 0xfff) as u32, (rdev & 0xf_ffff) as u32)
+}
+
+/// The device number as the FUSE protocol carries it (the kernel's
+/// "new" 32-bit user encoding: minor low byte, major, then minor high bits).
+pub fn rdev_to_fuse(rdev: u64) -> u32 {
+    let (major, minor) = rdev_split(rdev);
+    (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12)
+}
+
+/// The device number as the host's `mknod` wants it.
+pub fn rdev_to_host(rdev: u64) -> libc::dev_t {
+    let (major, minor) = rdev_split(rdev);
+    libc::makedev(major, minor)
+}
+
+/// A UTC calendar date and time from seconds since the Unix epoch, as
+/// `YYYY-MM-DD HH:MM`.
+pub fn format_time(t: &Timespec) -> String {
+    let days = t.sec.div_euclid(86_400);
+    let secs = t.sec.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}",
+        secs / 3600,
+        secs / 60 % 60
+    )
+}
+
+/// (year, month, day) of the proleptic Gregorian calendar for a count of days
+/// since 1970-01-01. Works in 400-year eras of 146097 days, with years that
+/// start on March 1 so that the leap day falls at the end of a year.
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    // Shift the epoch to 0000-03-01.
+    let z = days.saturating_add(719_468);
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097); // 0 ..= 146096
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_from_march = (5 * day_of_year + 2) / 153; // 0 = March .. 11 = February
+    let day = (day_of_year - (153 * month_from_march + 2) / 5 + 1) as u32;
+    let month = if month_from_march < 10 {
+        month_from_march + 3
+    } else {
+        month_from_march - 9
+    } as u32;
+    let year = year_of_era + era.saturating_mul(400) + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// A name or path from the filesystem, for messages (lossy UTF-8).
+pub fn show(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes() {
+        assert_eq!(mode_string(0o100644), "-rw-r--r--");
+        assert_eq!(mode_string(0o040755), "drwxr-xr-x");
+        assert_eq!(mode_string(0o104755), "-rwsr-xr-x");
+        assert_eq!(mode_string(0o041777), "drwxrwxrwt");
+        assert_eq!(mode_string(0o102644), "-rw-r-Sr--");
+        assert_eq!(mode_string(0o120777), "lrwxrwxrwx");
+    }
+
+    #[test]
+    fn dates() {
+        let t = |sec| format_time(&Timespec { sec, nsec: 0 });
+        assert_eq!(t(0), "1970-01-01 00:00");
+        assert_eq!(t(951_782_400), "2000-02-29 00:00");
+        assert_eq!(t(1_700_000_000), "2023-11-14 22:13");
+        assert_eq!(t(-1), "1969-12-31 23:59");
+        assert_eq!(t(4_102_444_800), "2100-01-01 00:00");
+        // Extremes must not panic.
+        let _ = t(i64::MAX);
+        let _ = t(i64::MIN);
+    }
+
+    #[test]
+    fn device_numbers() {
+        // The kernel stores makedev(1, 3) as 1 << 20 | 3.
+        assert_eq!(rdev_split(1_048_579), (1, 3));
+        assert_eq!(rdev_split(314_642_800), (300, 70_000));
+        assert_eq!(rdev_to_fuse(1_048_579), 0x103);
+        let (ma, mi) = rdev_split(314_642_800);
+        let enc = rdev_to_fuse(314_642_800);
+        assert_eq!((enc >> 8) & 0xfff, ma);
+        assert_eq!((enc & 0xff) | ((enc >> 12) & !0xff), mi);
+    }
+}

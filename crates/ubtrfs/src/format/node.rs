@@ -272,3 +272,183 @@ impl Node {
         lo.checked_sub(1)
     }
 }
+
+/// The contents of a tree block, decoded for editing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Body {
+    /// Leaf items in key order.
+    Leaf(Vec<(Key, Vec<u8>)>),
+    /// Key pointers in key order.
+    Internal(Vec<KeyPtr>),
+}
+
+impl Body {
+    /// Number of items or pointers.
+    pub fn len(&self) -> usize {
+        match self {
+            Body::Leaf(v) => v.len(),
+            Body::Internal(v) => v.len(),
+        }
+    }
+
+    /// Whether the block holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes the contents take after the header.
+    pub fn used(&self) -> usize {
+        match self {
+            Body::Leaf(v) => v.iter().map(|(_, d)| ITEM_SIZE + d.len()).sum(),
+            Body::Internal(v) => v.len() * KEY_PTR_SIZE,
+        }
+    }
+
+    /// First key, if any.
+    pub fn first_key(&self) -> Option<Key> {
+        match self {
+            Body::Leaf(v) => v.first().map(|(k, _)| *k),
+            Body::Internal(v) => v.first().map(|p| p.key),
+        }
+    }
+}
+
+impl Node {
+    /// Decode the block's items or pointers for editing.
+    pub fn body(&self) -> Body {
+        let n = self.nritems();
+        if self.is_leaf() {
+            Body::Leaf(
+                (0..n)
+                    .map(|i| {
+                        let it = self.item(i);
+                        (it.key, it.data.to_vec())
+                    })
+                    .collect(),
+            )
+        } else {
+            Body::Internal((0..n).map(|i| self.key_ptr(i)).collect())
+        }
+    }
+
+    /// Build a block of `nodesize` bytes from a header and contents. The
+    /// header's `nritems` and `level` must agree with `body` (leaf iff level
+    /// 0); the checksum is left zero until [`Node::seal`]. Fails if the
+    /// contents do not fit.
+    pub fn build(header: &Header, body: &Body, nodesize: usize) -> Result<Node> {
+        if HEADER_SIZE + body.used() > nodesize {
+            return Err(crate::Error::Invalid(format!(
+                "{} bytes of items do not fit in a {nodesize}-byte block",
+                body.used()
+            )));
+        }
+        let mut data = vec![0u8; nodesize].into_boxed_slice();
+        let mut h = header.clone();
+        h.nritems = body.len() as u32;
+        h.csum = [0; 32];
+        data[0x20..0x30].copy_from_slice(&h.fsid);
+        data[0x30..0x38].copy_from_slice(&h.bytenr.to_le_bytes());
+        data[0x38..0x40].copy_from_slice(&h.flags.to_le_bytes());
+        data[0x40..0x50].copy_from_slice(&h.chunk_tree_uuid);
+        data[0x50..0x58].copy_from_slice(&h.generation.to_le_bytes());
+        data[0x58..0x60].copy_from_slice(&h.owner.to_le_bytes());
+        data[0x60..0x64].copy_from_slice(&h.nritems.to_le_bytes());
+        data[0x64] = h.level;
+        match body {
+            Body::Leaf(items) => {
+                // Item data is packed from the end of the block downwards.
+                let mut end = nodesize - HEADER_SIZE;
+                for (i, (key, d)) in items.iter().enumerate() {
+                    let off = end - d.len();
+                    let o = HEADER_SIZE + i * ITEM_SIZE;
+                    data[o..o + KEY_SIZE].copy_from_slice(&key.to_bytes());
+                    data[o + KEY_SIZE..o + KEY_SIZE + 4]
+                        .copy_from_slice(&(off as u32).to_le_bytes());
+                    data[o + KEY_SIZE + 4..o + ITEM_SIZE]
+                        .copy_from_slice(&(d.len() as u32).to_le_bytes());
+                    data[HEADER_SIZE + off..HEADER_SIZE + end].copy_from_slice(d);
+                    end = off;
+                }
+            }
+            Body::Internal(ptrs) => {
+                for (i, p) in ptrs.iter().enumerate() {
+                    let o = HEADER_SIZE + i * KEY_PTR_SIZE;
+                    data[o..o + KEY_SIZE].copy_from_slice(&p.key.to_bytes());
+                    data[o + KEY_SIZE..o + KEY_SIZE + 8].copy_from_slice(&p.blockptr.to_le_bytes());
+                    data[o + KEY_SIZE + 8..o + KEY_PTR_SIZE]
+                        .copy_from_slice(&p.generation.to_le_bytes());
+                }
+            }
+        }
+        Ok(Node { header: h, data })
+    }
+
+    /// The block's bytes with its checksum filled in, ready to write.
+    pub fn sealed_bytes(&self, csum_type: CsumType) -> Vec<u8> {
+        let mut out = self.data.to_vec();
+        let c = csum_type.compute(&out[32..]);
+        out[..32].copy_from_slice(&c);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(level: u8) -> Header {
+        Header {
+            csum: [0; 32],
+            fsid: [7; 16],
+            bytenr: 1 << 20,
+            flags: 1 | (1 << 56),
+            chunk_tree_uuid: [9; 16],
+            generation: 42,
+            owner: 5,
+            nritems: 0,
+            level,
+        }
+    }
+
+    #[test]
+    fn build_then_parse_round_trips() {
+        let items: Vec<(Key, Vec<u8>)> = (0..50u64)
+            .map(|i| {
+                (
+                    Key::new(256 + i, 1, i),
+                    vec![i as u8; (i % 7) as usize * 10],
+                )
+            })
+            .collect();
+        let body = Body::Leaf(items);
+        let node = Node::build(&header(0), &body, 4096).unwrap();
+        let bytes = node.sealed_bytes(CsumType::Crc32c).into_boxed_slice();
+        let expect = Expect {
+            bytenr: 1 << 20,
+            generation: Some(42),
+            level: Some(0),
+            first_key: Some(Key::new(256, 1, 0)),
+        };
+        let back = Node::parse(bytes, CsumType::Crc32c, &[7; 16], &expect, 42).unwrap();
+        assert_eq!(back.body(), body);
+        let ptrs: Vec<KeyPtr> = (0..10u64)
+            .map(|i| KeyPtr {
+                key: Key::new(i, 2, 3),
+                blockptr: i << 14,
+                generation: 40,
+            })
+            .collect();
+        let node = Node::build(&header(1), &Body::Internal(ptrs.clone()), 4096).unwrap();
+        let bytes = node.sealed_bytes(CsumType::Sha256).into_boxed_slice();
+        let expect = Expect {
+            bytenr: 1 << 20,
+            generation: None,
+            level: Some(1),
+            first_key: None,
+        };
+        let back = Node::parse(bytes, CsumType::Sha256, &[7; 16], &expect, 42).unwrap();
+        assert_eq!(back.body(), Body::Internal(ptrs));
+        let big = Body::Leaf(vec![(Key::MIN, vec![0; 5000])]);
+        assert!(Node::build(&header(0), &big, 4096).is_err());
+    }
+}

@@ -1,7 +1,9 @@
 //! B-trees: verified block reads, a node cache, search and iteration.
 
+pub mod cow;
 mod node_cache;
 
+pub use cow::{BlockSource, TreeEditor};
 pub use node_cache::NodeCache;
 
 use crate::format::node::{Expect, Node};
@@ -9,7 +11,9 @@ use crate::format::superblock::Superblock;
 use crate::format::{CsumType, Key};
 use crate::volume::Volume;
 use crate::{Error, Result};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 
 /// Where a tree's root block is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,7 +33,10 @@ pub struct TreeReader {
     csum_type: CsumType,
     fsid: [u8; 16],
     nodesize: usize,
-    super_generation: u64,
+    super_generation: AtomicU64,
+    /// Blocks written by the running transaction, not yet on disk. Reads
+    /// see them first.
+    dirty: RwLock<HashMap<u64, Arc<Node>>>,
 }
 
 impl TreeReader {
@@ -42,8 +49,79 @@ impl TreeReader {
             csum_type: sb.csum_type,
             fsid: sb.tree_fsid(),
             nodesize,
-            super_generation: sb.generation,
+            super_generation: AtomicU64::new(sb.generation),
+            dirty: RwLock::new(HashMap::new()),
         }
+    }
+
+    /// Node size of the filesystem.
+    pub fn nodesize(&self) -> usize {
+        self.nodesize
+    }
+
+    /// Checksum type of the filesystem.
+    pub fn csum_type(&self) -> CsumType {
+        self.csum_type
+    }
+
+    /// The fsid stamped in tree blocks.
+    pub fn fsid(&self) -> [u8; 16] {
+        self.fsid
+    }
+
+    /// Record a block written by the running transaction.
+    pub fn put_dirty(&self, node: Arc<Node>) {
+        let bytenr = node.header.bytenr;
+        // The address may have held another block before it was freed.
+        self.cache.remove(bytenr);
+        self.dirty
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(bytenr, node);
+    }
+
+    /// Forget a dirty block that was freed in the same transaction.
+    pub fn drop_dirty(&self, bytenr: u64) -> bool {
+        self.dirty
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&bytenr)
+            .is_some()
+    }
+
+    /// Whether `bytenr` was written by the running transaction.
+    pub fn is_dirty(&self, bytenr: u64) -> bool {
+        self.dirty
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&bytenr)
+    }
+
+    /// Every dirty block, by address (for the commit to write).
+    pub fn dirty_blocks(&self) -> Vec<Arc<Node>> {
+        let mut v: Vec<Arc<Node>> = self
+            .dirty
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        v.sort_by_key(|n| n.header.bytenr);
+        v
+    }
+
+    /// After a commit: the dirty blocks are on disk; keep them as clean
+    /// cached blocks and raise the generation bound.
+    pub fn commit_done(&self, generation: u64) {
+        let dirty = std::mem::take(&mut *self.dirty.write().unwrap_or_else(|e| e.into_inner()));
+        for (bytenr, node) in dirty {
+            self.cache.insert(bytenr, node);
+        }
+        self.super_generation_set(generation);
+    }
+
+    fn super_generation_set(&self, generation: u64) {
+        self.super_generation.store(generation, Ordering::Relaxed);
     }
 
     /// The volume blocks are read from.
@@ -54,7 +132,13 @@ impl TreeReader {
     /// Read the block `expect` describes; a copy that fails verification is
     /// skipped for the next one. Fails only if no copy is good.
     pub fn read_node(&self, expect: &Expect) -> Result<Arc<Node>> {
-        if let Some(node) = self.cache.get(expect.bytenr) {
+        let dirty = self
+            .dirty
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&expect.bytenr)
+            .cloned();
+        if let Some(node) = dirty.or_else(|| self.cache.get(expect.bytenr)) {
             node.check_expect(expect)
                 .map_err(|why| Error::BadTreeBlock {
                     logical: expect.bytenr,
@@ -79,7 +163,7 @@ impl TreeReader {
                 self.csum_type,
                 &self.fsid,
                 expect,
-                self.super_generation,
+                self.super_generation.load(Ordering::Relaxed),
             ) {
                 Ok(node) => {
                     let node = Arc::new(node);

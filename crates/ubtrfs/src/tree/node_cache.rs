@@ -53,6 +53,12 @@ impl NodeCache {
         }
     }
 
+    /// Forget the block at `bytenr`.
+    pub fn remove(&self, bytenr: u64) {
+        // The address stays in the eviction queue; evicting it later is harmless.
+        self.lock().map.remove(&bytenr);
+    }
+
     /// Drop every cached block.
     pub fn clear(&self) {
         let mut inner = self.lock();

@@ -119,6 +119,16 @@ impl DeviceSet {
         })
     }
 
+    /// A set from devices whose ids and superblock are already known
+    /// (memory-backed filesystems, tests, mkfs).
+    pub fn with_superblock(devices: Vec<(u64, Arc<dyn Device>)>, superblock: Superblock) -> Self {
+        DeviceSet {
+            devices: devices.into_iter().collect(),
+            superblock,
+            warnings: Vec::new(),
+        }
+    }
+
     /// The device with `devid`, if it was given.
     pub fn get(&self, devid: u64) -> Option<&Arc<dyn Device>> {
         self.devices.get(&devid)

@@ -13,6 +13,7 @@
 //! let bytes = fs.read_all(ino).unwrap();
 //! ```
 
+pub mod alloc;
 pub mod csum_tree;
 pub mod data;
 pub mod device;

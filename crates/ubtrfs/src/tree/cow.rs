@@ -70,6 +70,11 @@ impl<'a> TreeEditor<'a> {
         }
     }
 
+    /// The reader this editor reads through.
+    pub fn reader(&self) -> &'a TreeReader {
+        self.reader
+    }
+
     fn capacity(&self) -> usize {
         self.reader.nodesize() - HEADER_SIZE
     }

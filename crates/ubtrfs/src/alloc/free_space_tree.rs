@@ -1,0 +1,120 @@
+//! The free-space tree: per block group, an info item and the free ranges
+//! as extent items (or bitmaps, which the kernel may write and we read).
+
+use super::{BlockGroup, RangeSet};
+use crate::format::Key;
+use crate::format::consts::*;
+use crate::format::le;
+use crate::tree::{RootPtr, Tree, TreeEditor};
+use crate::{Error, Result};
+use std::collections::BTreeMap;
+
+/// Flag of a FREE_SPACE_INFO item: the group's free space is in bitmaps.
+pub const FREE_SPACE_USING_BITMAPS: u32 = 1;
+
+/// Fill each group's free space from the free-space tree.
+pub fn load(
+    groups: &mut BTreeMap<u64, BlockGroup>,
+    tree: &Tree<'_>,
+    sectorsize: u64,
+) -> Result<()> {
+    for item in tree.range(Key::MIN, Key::MAX)? {
+        let item = item?;
+        let key = item.key();
+        let ranges: Vec<(u64, u64)> = match key.item_type {
+            FREE_SPACE_EXTENT_KEY => vec![(key.objectid, key.offset)],
+            FREE_SPACE_BITMAP_KEY => {
+                bitmap_ranges(key.objectid, key.offset, item.data(), sectorsize)?
+            }
+            _ => continue,
+        };
+        let g = groups
+            .range_mut(..=key.objectid)
+            .next_back()
+            .map(|(_, g)| g)
+            .filter(|g| key.objectid + key.offset <= g.start + g.len)
+            .ok_or_else(|| {
+                Error::corrupt(format!(
+                    "free space item {key} is outside every block group"
+                ))
+            })?;
+        for (s, l) in ranges {
+            if !g.free.insert(s, l) {
+                return Err(Error::corrupt(format!(
+                    "free space tree lists {s}+{l} twice"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The free ranges a bitmap item describes: bit i is the sector at
+/// `start + i * sectorsize`.
+fn bitmap_ranges(start: u64, len: u64, bits: &[u8], sectorsize: u64) -> Result<Vec<(u64, u64)>> {
+    let sectors = len / sectorsize;
+    if (bits.len() as u64) * 8 < sectors {
+        return Err(Error::corrupt(format!(
+            "free space bitmap at {start} too short"
+        )));
+    }
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for i in 0..sectors {
+        if bits[(i / 8) as usize] & (1 << (i % 8)) == 0 {
+            continue;
+        }
+        let s = start + i * sectorsize;
+        match out.last_mut() {
+            Some((ps, pl)) if *ps + *pl == s => *pl += sectorsize,
+            _ => out.push((s, sectorsize)),
+        }
+    }
+    Ok(out)
+}
+
+/// What the tree must say is free in `g`: free and pinned space (pinned
+/// space is free once this commit is on disk).
+pub fn on_disk_free(g: &BlockGroup) -> RangeSet {
+    let mut all = g.free.clone();
+    for (s, l) in g.pinned.iter() {
+        all.insert(s, l);
+    }
+    all
+}
+
+/// Rewrite `g`'s entries in the free-space tree as extent items.
+pub fn rewrite(ed: &mut TreeEditor<'_>, root: &mut RootPtr, g: &BlockGroup) -> Result<()> {
+    let free = on_disk_free(g);
+    let (start, end) = (g.start, g.start + g.len);
+    let lo = Key::new(start, FREE_SPACE_INFO_KEY, 0);
+    let mut old = Vec::new();
+    for item in ed
+        .reader()
+        .tree(*root)
+        .range(lo, Key::new(end - 1, u8::MAX, u64::MAX))?
+    {
+        let k = item?.key();
+        if matches!(
+            k.item_type,
+            FREE_SPACE_INFO_KEY | FREE_SPACE_EXTENT_KEY | FREE_SPACE_BITMAP_KEY
+        ) {
+            old.push(k);
+        }
+    }
+    for k in old {
+        ed.delete(root, k)?;
+    }
+    let mut info = Vec::with_capacity(8);
+    info.extend_from_slice(&(free.len() as u32).to_le_bytes());
+    info.extend_from_slice(&0u32.to_le_bytes());
+    ed.insert(root, Key::new(start, FREE_SPACE_INFO_KEY, g.len), info)?;
+    for (s, l) in free.iter() {
+        ed.insert(root, Key::new(s, FREE_SPACE_EXTENT_KEY, l), Vec::new())?;
+    }
+    Ok(())
+}
+
+/// Decode a FREE_SPACE_INFO item: (extent count, flags).
+pub fn parse_info(b: &[u8]) -> Result<(u32, u32)> {
+    Ok((le::u32(b, 0)?, le::u32(b, 4)?))
+}

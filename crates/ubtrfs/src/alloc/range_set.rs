@@ -1,0 +1,147 @@
+//! A set of byte ranges, kept merged: the free space of a block group.
+
+use std::collections::BTreeMap;
+
+/// Disjoint, non-adjacent half-open ranges `[start, end)`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RangeSet {
+    map: BTreeMap<u64, u64>,
+}
+
+impl RangeSet {
+    /// An empty set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Add `[start, start + len)`, merging with neighbours. Returns false
+    /// (and changes nothing) if any byte of it is already in the set.
+    pub fn insert(&mut self, start: u64, len: u64) -> bool {
+        if len == 0 {
+            return true;
+        }
+        let mut lo = start;
+        let mut hi = start + len;
+        if let Some((&s, &e)) = self.map.range(..=start).next_back() {
+            if e > start {
+                return false;
+            }
+            if e == start {
+                lo = s;
+            }
+        }
+        if let Some((&s, &e)) = self.map.range(start..).next() {
+            if s < hi {
+                return false;
+            }
+            if s == hi {
+                hi = e;
+                self.map.remove(&s);
+            }
+        }
+        self.map.insert(lo, hi);
+        true
+    }
+
+    /// Remove `[start, start + len)`; returns false (and changes nothing)
+    /// unless all of it is in the set.
+    pub fn remove(&mut self, start: u64, len: u64) -> bool {
+        if len == 0 {
+            return true;
+        }
+        let end = start + len;
+        let Some((&s, &e)) = self.map.range(..=start).next_back() else {
+            return false;
+        };
+        if e < end {
+            return false;
+        }
+        self.map.remove(&s);
+        if s < start {
+            self.map.insert(s, start);
+        }
+        if end < e {
+            self.map.insert(end, e);
+        }
+        true
+    }
+
+    /// Whether all of `[start, start + len)` is in the set.
+    pub fn contains(&self, start: u64, len: u64) -> bool {
+        self.map
+            .range(..=start)
+            .next_back()
+            .is_some_and(|(_, &e)| e >= start + len)
+    }
+
+    /// The first `align`-aligned start at or after `from` where `len` bytes
+    /// are free, searching to the end and then wrapping to the beginning.
+    pub fn find(&self, len: u64, align: u64, from: u64) -> Option<u64> {
+        let fit = |s: u64, e: u64| {
+            let a = s.div_ceil(align) * align;
+            (a + len <= e).then_some(a)
+        };
+        let first = self
+            .map
+            .range(..=from)
+            .next_back()
+            .and_then(|(_, &e)| fit(from, e));
+        first
+            .or_else(|| self.map.range(from..).find_map(|(&s, &e)| fit(s, e)))
+            .or_else(|| self.map.range(..from).find_map(|(&s, &e)| fit(s, e)))
+    }
+
+    /// The largest range, as (start, len).
+    pub fn largest(&self) -> Option<(u64, u64)> {
+        self.map
+            .iter()
+            .map(|(&s, &e)| (s, e - s))
+            .max_by_key(|&(s, l)| (l, u64::MAX - s))
+    }
+
+    /// Total bytes in the set.
+    pub fn total(&self) -> u64 {
+        self.map.iter().map(|(s, e)| e - s).sum()
+    }
+
+    /// The ranges as (start, len), in order.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.map.iter().map(|(&s, &e)| (s, e - s))
+    }
+
+    /// Number of ranges.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_split_and_find() {
+        let mut s = RangeSet::new();
+        assert!(s.insert(0, 100));
+        assert!(s.insert(200, 100));
+        assert!(s.insert(100, 100));
+        assert_eq!(s.iter().collect::<Vec<_>>(), vec![(0, 300)]);
+        assert!(!s.insert(50, 10));
+        assert!(s.remove(100, 50));
+        assert_eq!(s.iter().collect::<Vec<_>>(), vec![(0, 100), (150, 150)]);
+        assert!(!s.remove(90, 20));
+        assert_eq!(s.find(120, 1, 0), Some(150));
+        assert_eq!(s.find(10, 64, 0), Some(0));
+        assert_eq!(s.find(10, 64, 20), Some(64));
+        assert_eq!(s.find(40, 64, 20), Some(192));
+        assert_eq!(s.find(10, 1, 299), Some(0));
+        assert_eq!(s.total(), 250);
+        assert_eq!(s.largest(), Some((150, 150)));
+        assert!(s.contains(160, 10) && !s.contains(90, 70));
+    }
+}

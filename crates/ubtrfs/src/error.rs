@@ -82,6 +82,18 @@ pub enum Error {
     /// The operation does not apply to a directory.
     #[error("is a directory: {0}")]
     IsDir(String),
+    /// No space left for the operation.
+    #[error("no space left: {0}")]
+    NoSpace(String),
+    /// The filesystem is open read-only.
+    #[error("read-only filesystem: {0}")]
+    ReadOnly(String),
+    /// The name already exists.
+    #[error("already exists: {0}")]
+    Exists(String),
+    /// The directory is not empty.
+    #[error("directory not empty: {0}")]
+    NotEmpty(String),
     /// Invalid argument from the caller.
     #[error("invalid argument: {0}")]
     Invalid(String),
@@ -95,6 +107,10 @@ impl Error {
             Error::NotDir(_) => libc::ENOTDIR,
             Error::IsDir(_) => libc::EISDIR,
             Error::Invalid(_) => libc::EINVAL,
+            Error::NoSpace(_) => libc::ENOSPC,
+            Error::ReadOnly(_) => libc::EROFS,
+            Error::Exists(_) => libc::EEXIST,
+            Error::NotEmpty(_) => libc::ENOTEMPTY,
             Error::Unsupported(_) => libc::EOPNOTSUPP,
             Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             _ => libc::EIO,

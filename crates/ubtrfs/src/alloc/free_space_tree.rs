@@ -28,16 +28,14 @@ pub fn load(
             }
             _ => continue,
         };
-        let g = groups
+        let found = groups
             .range_mut(..=key.objectid)
             .next_back()
             .map(|(_, g)| g)
-            .filter(|g| key.objectid + key.offset <= g.start + g.len)
-            .ok_or_else(|| {
-                Error::corrupt(format!(
-                    "free space item {key} is outside every block group"
-                ))
-            })?;
+            .filter(|g| key.objectid + key.offset <= g.start + g.len);
+        // mkfs.btrfs leaves entries of its temporary block groups behind;
+        // the kernel ignores them, and so do we.
+        let Some(g) = found else { continue };
         for (s, l) in ranges {
             if !g.free.insert(s, l) {
                 return Err(Error::corrupt(format!(

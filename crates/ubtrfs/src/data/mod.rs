@@ -3,3 +3,4 @@
 
 pub mod compression;
 mod read;
+pub mod write;

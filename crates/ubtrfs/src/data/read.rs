@@ -156,7 +156,12 @@ impl Filesystem {
         let Some(used) = used else {
             return Err(first_err.unwrap_or(Error::Unmapped(start)));
         };
-        if let (false, Some(tree)) = (origin.nodatasum, self.csum_tree()) {
+        let sums_tree = if origin.nodatasum {
+            None
+        } else {
+            self.csum_tree()?
+        };
+        if let Some(tree) = sums_tree {
             let csum_type = self.sb.csum_type;
             let sectors = buf.len() / ss as usize;
             let sums = csum_tree::lookup(

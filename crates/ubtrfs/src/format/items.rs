@@ -16,6 +16,23 @@ impl Timespec {
     /// Size on disk.
     pub const SIZE: usize = 12;
 
+    /// Append the 12-byte encoding.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&(self.sec as u64).to_le_bytes());
+        out.extend_from_slice(&self.nsec.to_le_bytes());
+    }
+
+    /// The current time.
+    pub fn now() -> Self {
+        let d = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        Timespec {
+            sec: d.as_secs() as i64,
+            nsec: d.subsec_nanos(),
+        }
+    }
+
     fn parse(b: &[u8], off: usize) -> Result<Self> {
         Ok(Timespec {
             sec: le::u64(b, off)? as i64,
@@ -154,6 +171,30 @@ impl InodeItem {
     /// Size on disk.
     pub const SIZE: usize = 160;
 
+    /// The 160-byte encoding.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(Self::SIZE);
+        for x in [
+            self.generation,
+            self.transid,
+            self.size,
+            self.nbytes,
+            self.block_group,
+        ] {
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+        for x in [self.nlink, self.uid, self.gid, self.mode] {
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+        for x in [self.rdev, self.flags, self.sequence, 0, 0, 0, 0] {
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+        for t in [self.atime, self.ctime, self.mtime, self.otime] {
+            t.encode(&mut v);
+        }
+        v
+    }
+
     /// Decode an inode item.
     pub fn parse(b: &[u8]) -> Result<Self> {
         if b.len() < Self::SIZE {
@@ -196,6 +237,17 @@ pub struct DirItem {
 impl DirItem {
     const FIXED: usize = KEY_SIZE + 13;
 
+    /// Append this entry's encoding.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.location.to_bytes());
+        out.extend_from_slice(&self.transid.to_le_bytes());
+        out.extend_from_slice(&(self.data.len() as u16).to_le_bytes());
+        out.extend_from_slice(&(self.name.len() as u16).to_le_bytes());
+        out.push(self.file_type);
+        out.extend_from_slice(&self.name);
+        out.extend_from_slice(&self.data);
+    }
+
     /// Decode every entry packed in one item.
     pub fn parse_all(b: &[u8]) -> Result<Vec<Self>> {
         let mut out = Vec::new();
@@ -229,6 +281,18 @@ pub struct InodeRef {
 }
 
 impl InodeRef {
+    /// Append this name as an INODE_REF entry (the parent is in the key).
+    pub fn encode_ref(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.index.to_le_bytes());
+        out.extend_from_slice(&(self.name.len() as u16).to_le_bytes());
+        out.extend_from_slice(&self.name);
+    }
+
+    /// Append this name as an INODE_EXTREF entry.
+    pub fn encode_extref(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.parent.to_le_bytes());
+        self.encode_ref(out);
+    }
     /// Decode the entries of an INODE_REF item (the parent is the key offset).
     pub fn parse_refs(b: &[u8], parent: u64) -> Result<Vec<Self>> {
         let mut out = Vec::new();
@@ -296,6 +360,31 @@ impl FileExtentItem {
     pub const INLINE_DATA_OFF: usize = 21;
     /// Size of a regular extent item.
     pub const REG_SIZE: usize = 53;
+
+    /// The item's encoding.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(Self::REG_SIZE);
+        v.extend_from_slice(&self.generation.to_le_bytes());
+        v.extend_from_slice(&self.ram_bytes.to_le_bytes());
+        v.push(self.compression);
+        v.push(self.encryption);
+        v.extend_from_slice(&self.other_encoding.to_le_bytes());
+        v.push(self.extent_type);
+        match &self.body {
+            ExtentBody::Inline(d) => v.extend_from_slice(d),
+            ExtentBody::Regular {
+                disk_bytenr,
+                disk_num_bytes,
+                offset,
+                num_bytes,
+            } => {
+                for x in [disk_bytenr, disk_num_bytes, offset, num_bytes] {
+                    v.extend_from_slice(&x.to_le_bytes());
+                }
+            }
+        }
+        v
+    }
 
     /// Decode a file extent item.
     pub fn parse(b: &[u8]) -> Result<Self> {
@@ -474,5 +563,71 @@ impl DevExtent {
             length: le::u64(b, 24)?,
             chunk_tree_uuid: le::uuid(b, 32)?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodings_round_trip() {
+        let t = Timespec {
+            sec: 1_700_000_000,
+            nsec: 123,
+        };
+        let i = InodeItem {
+            generation: 7,
+            transid: 8,
+            size: 9,
+            nbytes: 4096,
+            nlink: 2,
+            uid: 1000,
+            gid: 100,
+            mode: 0o100644,
+            rdev: 0,
+            flags: 3,
+            sequence: 5,
+            atime: t,
+            ctime: t,
+            mtime: t,
+            otime: t,
+            ..Default::default()
+        };
+        assert_eq!(InodeItem::parse(&i.to_bytes()).unwrap(), i);
+        let d = DirItem {
+            location: Key::new(257, 1, 0),
+            transid: 9,
+            file_type: FT_REG_FILE,
+            name: b"abc".to_vec(),
+            data: Vec::new(),
+        };
+        let mut v = Vec::new();
+        d.encode(&mut v);
+        d.encode(&mut v);
+        assert_eq!(DirItem::parse_all(&v).unwrap(), vec![d.clone(), d]);
+        let f = FileExtentItem {
+            generation: 1,
+            ram_bytes: 8192,
+            compression: 0,
+            encryption: 0,
+            other_encoding: 0,
+            extent_type: FILE_EXTENT_REG,
+            body: ExtentBody::Regular {
+                disk_bytenr: 1 << 20,
+                disk_num_bytes: 8192,
+                offset: 0,
+                num_bytes: 8192,
+            },
+        };
+        assert_eq!(FileExtentItem::parse(&f.to_bytes()).unwrap(), f);
+        let r = InodeRef {
+            parent: 256,
+            index: 2,
+            name: b"n".to_vec(),
+        };
+        let mut v = Vec::new();
+        r.encode_extref(&mut v);
+        assert_eq!(InodeRef::parse_extrefs(&v).unwrap(), vec![r]);
     }
 }

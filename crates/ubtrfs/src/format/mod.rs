@@ -3,6 +3,7 @@
 
 pub mod consts;
 pub mod csum;
+pub mod describe;
 pub mod items;
 pub mod key;
 pub mod node;

@@ -3,10 +3,12 @@
 
 pub mod dir;
 mod inode;
+mod namespace;
 mod open;
 mod subvol;
 mod xattr;
 
 pub use inode::{DirEntry, FileKind, InodeId, Stat};
+pub use namespace::NewInode;
 pub use open::{Filesystem, Geometry, StatFs};
 pub use subvol::SubvolInfo;

@@ -44,10 +44,12 @@ pub struct Filesystem {
     pub(crate) sb: Superblock,
     pub(crate) geo: Geometry,
     pub(crate) trees: TreeReader,
-    pub(crate) root_tree: RootPtr,
-    pub(crate) csum_root: Option<RootPtr>,
     pub(crate) default_subvol: u64,
-    pub(crate) fs_roots: RwLock<HashMap<u64, RootPtr>>,
+    /// Current root of every tree looked at so far (the root and chunk
+    /// trees always); a transaction changes them here first.
+    pub(crate) roots: RwLock<HashMap<u64, RootPtr>>,
+    /// Write state, when opened read-write.
+    pub(crate) writer: Option<std::sync::Mutex<crate::transaction::Writer>>,
     pub(crate) warnings: Vec<String>,
     /// When the filesystem was opened (times of synthesized inodes).
     pub(crate) opened_at: crate::format::items::Timespec,
@@ -112,11 +114,16 @@ impl Filesystem {
             chunks,
         });
         let trees = TreeReader::new(volume, &sb);
-        let root_tree = RootPtr {
-            bytenr: sb.root,
-            level: sb.root_level,
-            generation: Some(sb.generation),
-        };
+        let mut roots = HashMap::new();
+        roots.insert(
+            ROOT_TREE_OBJECTID,
+            RootPtr {
+                bytenr: sb.root,
+                level: sb.root_level,
+                generation: Some(sb.generation),
+            },
+        );
+        roots.insert(CHUNK_TREE_OBJECTID, chunk_root);
         if sb.log_root != 0 {
             warnings.push(
                 "the filesystem has a log tree that is not replayed yet: data fsync'd after the last commit is not visible".into(),
@@ -125,15 +132,13 @@ impl Filesystem {
         let mut fs = Filesystem {
             geo,
             trees,
-            root_tree,
-            csum_root: None,
             default_subvol: FS_TREE_OBJECTID,
-            fs_roots: RwLock::new(HashMap::new()),
+            roots: RwLock::new(roots),
+            writer: None,
             warnings,
             sb,
             opened_at: now(),
         };
-        fs.csum_root = fs.find_root(CSUM_TREE_OBJECTID)?.map(|(p, _)| p);
         fs.default_subvol = fs.find_default_subvol()?;
         Ok(fs)
     }
@@ -161,16 +166,55 @@ impl Filesystem {
 
     /// The root tree.
     pub fn root_tree(&self) -> Tree<'_> {
-        self.trees.tree(self.root_tree)
+        self.trees.tree(self.known_root(ROOT_TREE_OBJECTID))
+    }
+
+    fn known_root(&self, id: u64) -> RootPtr {
+        // The root and chunk trees are entered at open and never removed.
+        self.roots
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .copied()
+            .unwrap_or(RootPtr {
+                bytenr: 0,
+                level: 0,
+                generation: None,
+            })
+    }
+
+    /// The current root of tree `id`, if the filesystem has that tree.
+    pub(crate) fn root_ptr(&self, id: u64) -> Result<Option<RootPtr>> {
+        if let Some(p) = self
+            .roots
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+        {
+            return Ok(Some(*p));
+        }
+        let Some((ptr, _)) = self.find_root(id)? else {
+            return Ok(None);
+        };
+        self.roots
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(id)
+            .or_insert(ptr);
+        Ok(Some(ptr))
+    }
+
+    /// Record a tree's new root (from a transaction).
+    pub(crate) fn set_root(&self, id: u64, ptr: RootPtr) {
+        self.roots
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, ptr);
     }
 
     /// The chunk tree.
     pub fn chunk_tree(&self) -> Tree<'_> {
-        self.trees.tree(RootPtr {
-            bytenr: self.sb.chunk_root,
-            level: self.sb.chunk_root_level,
-            generation: Some(self.sb.chunk_root_generation),
-        })
+        self.trees.tree(self.known_root(CHUNK_TREE_OBJECTID))
     }
 
     /// The tree with id `tree_id`, from its root item.
@@ -179,8 +223,8 @@ impl Filesystem {
             ROOT_TREE_OBJECTID => Ok(self.root_tree()),
             CHUNK_TREE_OBJECTID => Ok(self.chunk_tree()),
             _ => self
-                .find_root(tree_id)?
-                .map(|(p, _)| self.trees.tree(p))
+                .root_ptr(tree_id)?
+                .map(|p| self.trees.tree(p))
                 .ok_or_else(|| Error::NotFound(format!("tree {tree_id}"))),
         }
     }
@@ -206,30 +250,20 @@ impl Filesystem {
 
     /// The fs tree of subvolume `subvol`.
     pub(crate) fn fs_tree(&self, subvol: u64) -> Result<Tree<'_>> {
-        if let Some(ptr) = self
-            .fs_roots
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&subvol)
-        {
-            return Ok(self.trees.tree(*ptr));
-        }
         if subvol != FS_TREE_OBJECTID && !(FIRST_FREE_OBJECTID..=u64::MAX - 256).contains(&subvol) {
             return Err(Error::NotFound(format!("subvolume {subvol}")));
         }
-        let (ptr, _) = self
-            .find_root(subvol)?
+        let ptr = self
+            .root_ptr(subvol)?
             .ok_or_else(|| Error::NotFound(format!("subvolume {subvol}")))?;
-        self.fs_roots
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(subvol, ptr);
         Ok(self.trees.tree(ptr))
     }
 
     /// The checksum tree, if the filesystem has one.
-    pub(crate) fn csum_tree(&self) -> Option<Tree<'_>> {
-        self.csum_root.map(|p| self.trees.tree(p))
+    pub(crate) fn csum_tree(&self) -> Result<Option<Tree<'_>>> {
+        Ok(self
+            .root_ptr(CSUM_TREE_OBJECTID)?
+            .map(|p| self.trees.tree(p)))
     }
 
     /// The inode item of `id`.

@@ -360,6 +360,11 @@ impl TreeIter<'_> {
                 return Ok(false);
             };
             if *slot + 1 < node.nritems() {
+                // Every key under the next pointer is >= its key: past the
+                // end, stop without reading blocks the range does not need.
+                if node.key(*slot + 1) > self.end {
+                    return Ok(false);
+                }
                 *slot += 1;
                 break;
             }

@@ -76,6 +76,15 @@ impl DeviceSet {
         Self::from_devices(devs)
     }
 
+    /// Open `paths` for reading and writing.
+    pub fn open_read_write<P: AsRef<Path>>(paths: &[P]) -> Result<Self> {
+        let mut devs: Vec<Arc<dyn Device>> = Vec::new();
+        for p in paths {
+            devs.push(Arc::new(FileDevice::open_read_write(p)?));
+        }
+        Self::from_devices(devs)
+    }
+
     /// Group already-open devices by devid, checking fsids agree.
     pub fn from_devices(devs: Vec<Arc<dyn Device>>) -> Result<Self> {
         if devs.is_empty() {

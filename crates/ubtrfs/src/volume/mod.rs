@@ -45,6 +45,34 @@ impl Volume {
         Ok(())
     }
 
+    /// Write `buf` at `logical` to every copy. The range must not cross a
+    /// chunk boundary. Parity profiles are not written yet.
+    pub fn write(&self, logical: u64, buf: &[u8]) -> Result<()> {
+        let chunk = self.chunks.lookup(logical)?;
+        if matches!(chunk.profile, Profile::Raid5 | Profile::Raid6) {
+            return Err(Error::Unsupported(format!(
+                "writing to a {} chunk (logical {logical})",
+                chunk.profile.name()
+            )));
+        }
+        for mirror in 0..chunk.num_copies() {
+            let mut done = 0usize;
+            while done < buf.len() {
+                let pos = logical + done as u64;
+                let piece = chunk.map(pos, buf.len() - done, mirror)?;
+                let dev = self.devices.get(piece.devid).ok_or_else(|| {
+                    Error::Devices(format!(
+                        "device {} holding logical {pos} is missing; cannot write",
+                        piece.devid
+                    ))
+                })?;
+                dev.write_at(piece.physical, &buf[done..done + piece.len])?;
+                done += piece.len;
+            }
+        }
+        Ok(())
+    }
+
     /// Whether copy `mirror` of `logical` is on a device that is present.
     pub fn copy_present(&self, logical: u64, mirror: usize) -> bool {
         self.chunks

@@ -1,0 +1,389 @@
+//! Changing the namespace: creating inodes, linking and unlinking names.
+//!
+//! A name is three items: DIR_ITEM (by name hash) and DIR_INDEX (by
+//! sequence number) in the directory, and INODE_REF in the inode; the
+//! directory's size counts each name twice, as the kernel does.
+
+use super::dir::{EMPTY_SUBVOL_DIR, name_hash};
+use super::inode::{FileKind, InodeId, Stat};
+use super::open::Filesystem;
+use crate::format::Key;
+use crate::format::consts::*;
+use crate::format::items::{DirItem, InodeItem, InodeRef, Timespec};
+use crate::transaction::Writer;
+use crate::{Error, Result};
+
+/// Who creates an inode and how.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NewInode {
+    /// Full mode: type and permission bits.
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// Device number for device nodes.
+    pub rdev: u64,
+}
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0)
+    {
+        return Err(Error::Invalid(format!(
+            "bad file name {:?}",
+            String::from_utf8_lossy(name)
+        )));
+    }
+    if name.len() > 255 {
+        return Err(Error::Invalid(format!(
+            "name of {} bytes is longer than 255",
+            name.len()
+        )));
+    }
+    Ok(())
+}
+
+fn file_type(kind: FileKind) -> u8 {
+    match kind {
+        FileKind::File => FT_REG_FILE,
+        FileKind::Dir => FT_DIR,
+        FileKind::Symlink => FT_SYMLINK,
+        FileKind::CharDev => FT_CHRDEV,
+        FileKind::BlockDev => FT_BLKDEV,
+        FileKind::Fifo => FT_FIFO,
+        FileKind::Socket => FT_SOCK,
+    }
+}
+
+impl Filesystem {
+    /// Write an inode item in the running transaction.
+    pub(crate) fn put_inode(&self, w: &mut Writer, id: InodeId, item: &InodeItem) -> Result<()> {
+        let bytes = item.to_bytes();
+        self.modify_tree(w, id.subvol, |ed, root| {
+            ed.put(root, Key::new(id.ino, INODE_ITEM_KEY, 0), bytes)
+        })
+    }
+
+    /// Read, change and write an inode item; the change counts as a new
+    /// version of the inode in this transaction.
+    pub(crate) fn change_inode(
+        &self,
+        w: &mut Writer,
+        id: InodeId,
+        f: impl FnOnce(&mut InodeItem),
+    ) -> Result<InodeItem> {
+        let mut item = self.inode_item(id)?;
+        f(&mut item);
+        item.transid = w.blocks.transid;
+        item.sequence += 1;
+        self.put_inode(w, id, &item)?;
+        Ok(item)
+    }
+
+    fn next_ino(&self, w: &mut Writer, subvol: u64) -> Result<u64> {
+        if let Some(n) = w.next_ino.get_mut(&subvol) {
+            *n += 1;
+            return Ok(*n - 1);
+        }
+        let tree = self.fs_tree(subvol)?;
+        let last = tree
+            .get_le(&Key::new(u64::MAX - 256, 0, 0))?
+            .map_or(FIRST_FREE_OBJECTID, |it| it.key().objectid)
+            .max(FIRST_FREE_OBJECTID);
+        let n = last + 1;
+        w.next_ino.insert(subvol, n + 1);
+        Ok(n)
+    }
+
+    fn next_index(&self, w: &mut Writer, dir: InodeId) -> Result<u64> {
+        if let Some(n) = w.next_index.get_mut(&(dir.subvol, dir.ino)) {
+            *n += 1;
+            return Ok(*n - 1);
+        }
+        let tree = self.fs_tree(dir.subvol)?;
+        let n = tree
+            .get_le(&Key::new(dir.ino, DIR_INDEX_KEY, u64::MAX))?
+            .map(|it| it.key())
+            .filter(|k| k.objectid == dir.ino && k.item_type == DIR_INDEX_KEY)
+            // Indexes 0 and 1 stand for "." and "..".
+            .map_or(2, |k| k.offset + 1)
+            .max(2);
+        w.next_index.insert((dir.subvol, dir.ino), n + 1);
+        Ok(n)
+    }
+
+    fn writable_dir(&self, dir: InodeId) -> Result<InodeItem> {
+        if dir.ino == EMPTY_SUBVOL_DIR {
+            return Err(Error::ReadOnly(
+                "placeholder of an unreachable subvolume".into(),
+            ));
+        }
+        let item = self.inode_item(dir)?;
+        if FileKind::from_mode(item.mode) != Some(FileKind::Dir) {
+            return Err(Error::NotDir(format!(
+                "inode {} in subvolume {}",
+                dir.ino, dir.subvol
+            )));
+        }
+        Ok(item)
+    }
+
+    /// Add the name `name` in `dir` for inode `target` of `kind`.
+    fn add_name(
+        &self,
+        w: &mut Writer,
+        dir: InodeId,
+        name: &[u8],
+        target: InodeId,
+        kind: FileKind,
+        now: Timespec,
+    ) -> Result<()> {
+        let transid = w.blocks.transid;
+        let index = self.next_index(w, dir)?;
+        let entry = DirItem {
+            location: Key::new(target.ino, INODE_ITEM_KEY, 0),
+            transid,
+            file_type: file_type(kind),
+            name: name.to_vec(),
+            data: Vec::new(),
+        };
+        let mut one = Vec::new();
+        entry.encode(&mut one);
+        let hash_key = Key::new(dir.ino, DIR_ITEM_KEY, name_hash(name));
+        let one2 = one.clone();
+        self.modify_tree(w, dir.subvol, |ed, root| {
+            // Names with the same hash share one DIR_ITEM.
+            ed.edit(root, &hash_key, |items| {
+                match items.binary_search_by(|(k, _)| k.cmp(&hash_key)) {
+                    Ok(pos) => items[pos].1.extend_from_slice(&one2),
+                    Err(pos) => items.insert(pos, (hash_key, one2)),
+                }
+                Ok(())
+            })?;
+            ed.insert(root, Key::new(dir.ino, DIR_INDEX_KEY, index), one)
+        })?;
+        let r = InodeRef {
+            parent: dir.ino,
+            index,
+            name: name.to_vec(),
+        };
+        let mut rb = Vec::new();
+        r.encode_ref(&mut rb);
+        let ref_key = Key::new(target.ino, INODE_REF_KEY, dir.ino);
+        self.modify_tree(w, target.subvol, |ed, root| {
+            ed.edit(root, &ref_key, |items| {
+                match items.binary_search_by(|(k, _)| k.cmp(&ref_key)) {
+                    Ok(pos) => items[pos].1.extend_from_slice(&rb),
+                    Err(pos) => items.insert(pos, (ref_key, rb)),
+                }
+                Ok(())
+            })
+        })?;
+        self.change_inode(w, dir, |d| {
+            d.size += 2 * name.len() as u64;
+            d.mtime = now;
+            d.ctime = now;
+        })?;
+        Ok(())
+    }
+
+    /// Remove the name `name` from `dir`; returns the inode it named.
+    fn remove_name(
+        &self,
+        w: &mut Writer,
+        dir: InodeId,
+        name: &[u8],
+        now: Timespec,
+    ) -> Result<InodeId> {
+        let entry = self.lookup(dir, name)?;
+        if entry.id.subvol != dir.subvol {
+            return Err(Error::Unsupported("removing a subvolume link".into()));
+        }
+        let target = entry.id;
+        let hash_key = Key::new(dir.ino, DIR_ITEM_KEY, name_hash(name));
+        self.modify_tree(w, dir.subvol, |ed, root| {
+            ed.edit(root, &hash_key, |items| {
+                let pos = items
+                    .binary_search_by(|(k, _)| k.cmp(&hash_key))
+                    .map_err(|_| Error::corrupt("directory item vanished"))?;
+                let mut rest = Vec::new();
+                for d in DirItem::parse_all(&items[pos].1)? {
+                    if d.name != name {
+                        d.encode(&mut rest);
+                    }
+                }
+                if rest.is_empty() {
+                    items.remove(pos);
+                } else {
+                    items[pos].1 = rest;
+                }
+                Ok(())
+            })
+        })?;
+        // The name's index is in its inode ref.
+        let refs = self.inode_refs(target)?;
+        let r = refs
+            .iter()
+            .find(|r| r.parent == dir.ino && r.name == name)
+            .ok_or_else(|| Error::corrupt(format!("inode {} has no ref for its name", target.ino)))?
+            .clone();
+        let ref_key = Key::new(target.ino, INODE_REF_KEY, dir.ino);
+        self.modify_tree(w, dir.subvol, |ed, root| {
+            ed.delete(root, Key::new(dir.ino, DIR_INDEX_KEY, r.index))?;
+            let in_ref = ed.edit(root, &ref_key, |items| {
+                let Ok(pos) = items.binary_search_by(|(k, _)| k.cmp(&ref_key)) else {
+                    return Ok(false);
+                };
+                let mut rest = Vec::new();
+                let mut found = false;
+                for x in InodeRef::parse_refs(&items[pos].1, dir.ino)? {
+                    if x.name == name && !found {
+                        found = true;
+                    } else {
+                        x.encode_ref(&mut rest);
+                    }
+                }
+                if rest.is_empty() {
+                    items.remove(pos);
+                } else {
+                    items[pos].1 = rest;
+                }
+                Ok(found)
+            })?;
+            if !in_ref {
+                return Err(Error::Unsupported(
+                    "removing a name kept in an extended inode ref".into(),
+                ));
+            }
+            Ok(())
+        })?;
+        w.next_index.remove(&(dir.subvol, dir.ino));
+        self.change_inode(w, dir, |d| {
+            d.size = d.size.saturating_sub(2 * name.len() as u64);
+            d.mtime = now;
+            d.ctime = now;
+        })?;
+        Ok(target)
+    }
+
+    /// Create an inode of any kind but directory-with-contents under `dir`.
+    pub fn create(&self, dir: InodeId, name: &[u8], new: NewInode) -> Result<Stat> {
+        check_name(name)?;
+        let kind = FileKind::from_mode(new.mode)
+            .ok_or_else(|| Error::Invalid(format!("mode {:#o}", new.mode)))?;
+        let mut w = self.writer()?;
+        let parent = self.writable_dir(dir)?;
+        if self.lookup(dir, name).is_ok() {
+            return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
+        }
+        let transid = w.blocks.transid;
+        let now = Timespec::now();
+        let ino = self.next_ino(&mut w, dir.subvol)?;
+        let id = InodeId {
+            subvol: dir.subvol,
+            ino,
+        };
+        // New files inherit the directory's no-COW and compression choices.
+        let inherit =
+            parent.flags & (INODE_NODATACOW | INODE_NODATASUM | INODE_COMPRESS | INODE_NOCOMPRESS);
+        let item = InodeItem {
+            generation: transid,
+            transid,
+            size: 0,
+            nbytes: 0,
+            block_group: 0,
+            nlink: 1,
+            uid: new.uid,
+            gid: new.gid,
+            mode: new.mode,
+            rdev: new.rdev,
+            flags: if kind == FileKind::File || kind == FileKind::Dir {
+                inherit
+            } else {
+                0
+            },
+            sequence: 1,
+            atime: now,
+            ctime: now,
+            mtime: now,
+            otime: now,
+        };
+        self.put_inode(&mut w, id, &item)?;
+        self.add_name(&mut w, dir, name, id, kind, now)?;
+        self.stat(id)
+    }
+
+    /// Create a directory.
+    pub fn mkdir(&self, dir: InodeId, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Stat> {
+        self.create(
+            dir,
+            name,
+            NewInode {
+                mode: libc::S_IFDIR | (mode & 0o7777),
+                uid,
+                gid,
+                rdev: 0,
+            },
+        )
+    }
+
+    /// Remove a non-directory name; the inode goes when its last name does.
+    pub fn unlink(&self, dir: InodeId, name: &[u8]) -> Result<()> {
+        let mut w = self.writer()?;
+        self.writable_dir(dir)?;
+        let entry = self.lookup(dir, name)?;
+        if entry.kind == FileKind::Dir {
+            return Err(Error::IsDir(String::from_utf8_lossy(name).into_owned()));
+        }
+        let now = Timespec::now();
+        let target = self.remove_name(&mut w, dir, name, now)?;
+        let item = self.change_inode(&mut w, target, |i| {
+            i.nlink = i.nlink.saturating_sub(1);
+            i.ctime = now;
+        })?;
+        if item.nlink == 0 {
+            self.delete_inode(&mut w, target)?;
+        }
+        Ok(())
+    }
+
+    /// Remove an empty directory.
+    pub fn rmdir(&self, dir: InodeId, name: &[u8]) -> Result<()> {
+        let mut w = self.writer()?;
+        self.writable_dir(dir)?;
+        let entry = self.lookup(dir, name)?;
+        if entry.kind != FileKind::Dir {
+            return Err(Error::NotDir(String::from_utf8_lossy(name).into_owned()));
+        }
+        if entry.id.subvol != dir.subvol {
+            return Err(Error::Unsupported("removing a subvolume with rmdir".into()));
+        }
+        if !self.read_dir(entry.id, 0)?.is_empty() {
+            return Err(Error::NotEmpty(String::from_utf8_lossy(name).into_owned()));
+        }
+        let now = Timespec::now();
+        let target = self.remove_name(&mut w, dir, name, now)?;
+        self.delete_inode(&mut w, target)
+    }
+
+    /// Delete every item of an inode that has no name left, dropping its
+    /// references to data extents.
+    pub(crate) fn delete_inode(&self, w: &mut Writer, id: InodeId) -> Result<()> {
+        let keys: Vec<(Key, Vec<u8>)> = self
+            .fs_tree(id.subvol)?
+            .range(Key::new(id.ino, 0, 0), Key::new(id.ino, u8::MAX, u64::MAX))?
+            .map(|it| it.map(|it| (it.key(), it.data().to_vec())))
+            .collect::<Result<_>>()?;
+        for (key, data) in &keys {
+            if key.item_type == EXTENT_DATA_KEY {
+                self.drop_extent_ref(w, id, key.offset, data)?;
+            }
+        }
+        self.modify_tree(w, id.subvol, |ed, root| {
+            for (key, _) in keys {
+                ed.delete(root, key)?;
+            }
+            Ok(())
+        })?;
+        w.next_index.remove(&(id.subvol, id.ino));
+        Ok(())
+    }
+}

@@ -1,0 +1,511 @@
+//! Transactions: everything one generation changes, and the commit that
+//! makes it durable.
+//!
+//! The commit order follows seed 004: write every dirty tree block, one
+//! cache flush per device, the primary superblock with FUA, then the
+//! superblock mirrors (made durable by the next commit's flush).
+
+use crate::alloc::extent_tree::{self, SpaceOp};
+use crate::alloc::{Allocator, DelayedRefs, SpaceKind, block_group, free_space_tree};
+use crate::format::Key;
+use crate::format::consts::*;
+use crate::format::items::RootItem;
+use crate::format::node::Header;
+use crate::fs::Filesystem;
+use crate::tree::{BlockSource, RootPtr, TreeEditor};
+use crate::volume::{DeviceSet, scan_device};
+use crate::{Error, Result, csum_tree};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
+
+/// The transaction's source of tree blocks: the allocator and the
+/// reference changes it owes the extent tree.
+pub struct TxnBlocks {
+    /// Id of the running transaction.
+    pub transid: u64,
+    /// Block groups and free space.
+    pub alloc: Allocator,
+    /// Reference changes not yet in the extent tree.
+    pub refs: DelayedRefs,
+    nodesize: u64,
+    /// `last_snapshot` of each subvolume: blocks not newer may be shared.
+    last_snapshot: HashMap<u64, u64>,
+}
+
+impl BlockSource for TxnBlocks {
+    fn transid(&self) -> u64 {
+        self.transid
+    }
+
+    fn alloc_tree_block(&mut self, owner: u64, level: u8) -> Result<u64> {
+        let kind = SpaceKind::for_tree(owner);
+        let at = self
+            .alloc
+            .alloc(kind, self.nodesize, self.nodesize)
+            .ok_or_else(|| {
+                Error::NoSpace(format!(
+                    "no {kind:?} space for a tree block of tree {owner}"
+                ))
+            })?;
+        self.refs.add_tree(at, level, owner);
+        Ok(at)
+    }
+
+    fn free_tree_block(
+        &mut self,
+        bytenr: u64,
+        owner: u64,
+        level: u8,
+        _generation: u64,
+    ) -> Result<()> {
+        if self.refs.drop_tree(bytenr, level, owner) {
+            // Allocated and freed in this transaction, never on disk.
+            self.alloc.release(bytenr, self.nodesize)?;
+        }
+        Ok(())
+    }
+
+    fn check_cow(&self, owner: u64, header: &Header) -> Result<()> {
+        if let Some(&last) = self.last_snapshot.get(&owner)
+            && header.generation <= last
+        {
+            return Err(Error::Unsupported(format!(
+                "changing subvolume {owner}, which shares tree blocks with a snapshot"
+            )));
+        }
+        if header.owner != owner {
+            return Err(Error::Unsupported(format!(
+                "tree block {} of tree {} is reached from tree {owner} (shared)",
+                header.bytenr, header.owner
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Write state of a filesystem opened read-write.
+pub struct Writer {
+    /// Blocks and references of the running transaction.
+    pub blocks: TxnBlocks,
+    /// Trees whose root changed in the running transaction.
+    dirty_roots: BTreeSet<u64>,
+    chunk_tree_uuid: [u8; 16],
+    /// Each device's superblock bytes, by devid.
+    dev_supers: BTreeMap<u64, Box<[u8; SUPER_SIZE]>>,
+    /// The tree holding block group items (extent tree or block group tree).
+    bg_tree: u64,
+    /// Whether the filesystem keeps a free-space tree.
+    has_fst: bool,
+    /// Number of the backup root slot written last.
+    backup_slot: usize,
+    /// Next free inode number per subvolume, once looked up.
+    pub(crate) next_ino: HashMap<u64, u64>,
+    /// Next directory index per (subvolume, directory), once looked up.
+    pub(crate) next_index: HashMap<(u64, u64), u64>,
+}
+
+impl Writer {
+    /// Whether the running transaction changed anything.
+    pub fn is_dirty(&self) -> bool {
+        !self.dirty_roots.is_empty() || !self.blocks.refs.is_empty()
+    }
+}
+
+impl Filesystem {
+    /// Open the filesystem on `devices` for reading and writing.
+    pub fn open_read_write<P: AsRef<Path>>(devices: &[P]) -> Result<Self> {
+        let set = DeviceSet::open_read_write(devices)?;
+        let mut dev_supers = BTreeMap::new();
+        for (devid, dev) in set.iter() {
+            let (sb, _) = scan_device(dev.as_ref())?;
+            dev_supers.insert(devid, sb.raw.clone());
+        }
+        let mut fs = Filesystem::from_device_set(set)?;
+        let sb = fs.superblock().clone();
+        if sb.log_root != 0 {
+            return Err(Error::Unsupported(
+                "the filesystem has a log tree to replay; log replay is not implemented yet (mount it once with the kernel)".into(),
+            ));
+        }
+        if sb.incompat_flags & INCOMPAT_SKINNY_METADATA == 0 {
+            return Err(Error::Unsupported(
+                "writing a filesystem without skinny metadata".into(),
+            ));
+        }
+        let has_fst = sb.compat_ro_flags & COMPAT_RO_FREE_SPACE_TREE != 0;
+        if !has_fst {
+            return Err(Error::Unsupported(
+                "writing a filesystem without the free-space tree (space_cache=v2)".into(),
+            ));
+        }
+        if sb.incompat_flags & INCOMPAT_MIXED_GROUPS != 0 {
+            return Err(Error::Unsupported(
+                "writing a filesystem with mixed block groups".into(),
+            ));
+        }
+        let missing = fs.warnings().iter().any(|w| w.contains("is missing"));
+        if missing {
+            return Err(Error::Devices(
+                "a device is missing: writing needs every device".into(),
+            ));
+        }
+        let bg_tree = if sb.compat_ro_flags & COMPAT_RO_BLOCK_GROUP_TREE != 0 {
+            BLOCK_GROUP_TREE_OBJECTID
+        } else {
+            EXTENT_TREE_OBJECTID
+        };
+        let mut groups = block_group::load_groups(&fs.tree_by_id(bg_tree)?)?;
+        groups.sort_by_key(|g| g.start);
+        let mut alloc = Allocator::new(groups);
+        free_space_tree::load(
+            &mut alloc.groups,
+            &fs.tree_by_id(FREE_SPACE_TREE_OBJECTID)?,
+            sb.sectorsize as u64,
+        )?;
+        let mut last_snapshot = HashMap::new();
+        for item in fs.root_tree().range(Key::MIN, Key::MAX)? {
+            let item = item?;
+            let k = item.key();
+            if k.item_type == ROOT_ITEM_KEY
+                && (k.objectid == FS_TREE_OBJECTID
+                    || (FIRST_FREE_OBJECTID..=u64::MAX - 256).contains(&k.objectid))
+            {
+                let r = RootItem::parse(item.data())?;
+                last_snapshot.insert(k.objectid, r.last_snapshot);
+            }
+        }
+        let root_node = fs.tree_reader().read_node(&crate::format::node::Expect {
+            bytenr: sb.root,
+            generation: Some(sb.generation),
+            level: Some(sb.root_level),
+            first_key: None,
+        })?;
+        let backup_slot = sb
+            .backup_roots
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, b)| b.tree_root_gen)
+            .map_or(0, |(i, _)| i);
+        fs.writer = Some(std::sync::Mutex::new(Writer {
+            blocks: TxnBlocks {
+                transid: sb.generation + 1,
+                alloc,
+                refs: DelayedRefs::default(),
+                nodesize: sb.nodesize as u64,
+                last_snapshot,
+            },
+            dirty_roots: BTreeSet::new(),
+            chunk_tree_uuid: root_node.header.chunk_tree_uuid,
+            dev_supers,
+            bg_tree,
+            has_fst,
+            backup_slot,
+            next_ino: HashMap::new(),
+            next_index: HashMap::new(),
+        }));
+        Ok(fs)
+    }
+
+    /// The write state, or a read-only error.
+    pub(crate) fn writer(&self) -> Result<std::sync::MutexGuard<'_, Writer>> {
+        self.writer
+            .as_ref()
+            .ok_or_else(|| Error::ReadOnly("the filesystem was opened read-only".into()))
+            .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Change tree `tree_id` in the running transaction.
+    pub(crate) fn modify_tree<R>(
+        &self,
+        w: &mut Writer,
+        tree_id: u64,
+        f: impl FnOnce(&mut TreeEditor<'_>, &mut RootPtr) -> Result<R>,
+    ) -> Result<R> {
+        let mut root = self
+            .root_ptr(tree_id)?
+            .ok_or_else(|| Error::NotFound(format!("tree {tree_id}")))?;
+        let before = root;
+        let uuid = w.chunk_tree_uuid;
+        let r = {
+            let mut ed = TreeEditor::new(self.tree_reader(), &mut w.blocks, tree_id, uuid);
+            f(&mut ed, &mut root)
+        };
+        // Even a failed edit may have copied blocks: keep the root it left.
+        if root != before {
+            self.set_root(tree_id, root);
+            w.dirty_roots.insert(tree_id);
+        }
+        r
+    }
+
+    /// Commit the running transaction, if it changed anything.
+    pub fn commit(&self) -> Result<()> {
+        let mut w = self.writer()?;
+        if !w.is_dirty() {
+            return Ok(());
+        }
+        self.settle(&mut w)?;
+        self.write_out(&mut w)
+    }
+
+    /// Bring the extent, free-space and root trees up to date with every
+    /// other change; each step may cause more, so repeat until none is left.
+    fn settle(&self, w: &mut Writer) -> Result<()> {
+        for _ in 0..64 {
+            self.run_delayed_refs(w)?;
+            let mut changed = false;
+            let bg_tree = w.bg_tree;
+            let used: Vec<u64> = w
+                .blocks
+                .alloc
+                .groups
+                .values()
+                .filter(|g| g.dirty_used)
+                .map(|g| g.start)
+                .collect();
+            for start in used {
+                let g = w
+                    .blocks
+                    .alloc
+                    .groups
+                    .get_mut(&start)
+                    .ok_or_else(|| Error::corrupt("group vanished"))?;
+                g.dirty_used = false;
+                let (key, bytes) = (g.key(), g.item_bytes());
+                self.modify_tree(w, bg_tree, |ed, root| {
+                    ed.update(root, key, |d| {
+                        *d = bytes;
+                        Ok(())
+                    })?
+                    .ok_or_else(|| Error::corrupt(format!("block group item {key} missing")))
+                })?;
+                changed = true;
+            }
+            if w.has_fst {
+                let free: Vec<u64> = w
+                    .blocks
+                    .alloc
+                    .groups
+                    .values()
+                    .filter(|g| g.dirty_free)
+                    .map(|g| g.start)
+                    .collect();
+                for start in free {
+                    let g = w
+                        .blocks
+                        .alloc
+                        .groups
+                        .get_mut(&start)
+                        .ok_or_else(|| Error::corrupt("group vanished"))?;
+                    g.dirty_free = false;
+                    let snapshot = g.clone();
+                    self.modify_tree(w, FREE_SPACE_TREE_OBJECTID, |ed, root| {
+                        free_space_tree::rewrite(ed, root, &snapshot)
+                    })?;
+                    changed = true;
+                }
+            }
+            changed |= self.update_root_items(w)?;
+            if !changed && w.blocks.refs.is_empty() {
+                return Ok(());
+            }
+        }
+        Err(Error::corrupt("commit did not settle after 64 rounds"))
+    }
+
+    fn run_delayed_refs(&self, w: &mut Writer) -> Result<()> {
+        let transid = w.blocks.transid;
+        let nodesize = w.blocks.nodesize;
+        while !w.blocks.refs.is_empty() {
+            let refs = std::mem::take(&mut w.blocks.refs);
+            let mut ops = Vec::new();
+            for (bytenr, r) in refs.tree {
+                ops.extend(self.modify_tree(w, EXTENT_TREE_OBJECTID, |ed, root| {
+                    extent_tree::run_tree_ref(ed, root, bytenr, r, transid, nodesize)
+                })?);
+            }
+            for (bytenr, d) in refs.data {
+                ops.extend(self.modify_tree(w, EXTENT_TREE_OBJECTID, |ed, root| {
+                    extent_tree::run_data_refs(ed, root, bytenr, &d, transid, nodesize)
+                })?);
+            }
+            for op in ops {
+                match op {
+                    SpaceOp::Used { bytenr, delta } => {
+                        let g = w.blocks.alloc.group_of(bytenr)?;
+                        g.used = g
+                            .used
+                            .checked_add_signed(delta)
+                            .filter(|&u| u <= g.len)
+                            .ok_or_else(|| {
+                                Error::corrupt(format!(
+                                    "block group {} usage out of range",
+                                    g.start
+                                ))
+                            })?;
+                        g.dirty_used = true;
+                    }
+                    SpaceOp::Pin { bytenr, len } => w.blocks.alloc.pin(bytenr, len)?,
+                    SpaceOp::DropCsums { bytenr, len } => {
+                        let geo = self.geometry();
+                        self.modify_tree(w, CSUM_TREE_OBJECTID, |ed, root| {
+                            csum_tree::delete_range(
+                                ed,
+                                root,
+                                bytenr,
+                                len,
+                                geo.sectorsize,
+                                geo.csum_size,
+                            )
+                        })?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Point each changed tree's root item at its new root; true if any changed.
+    fn update_root_items(&self, w: &mut Writer) -> Result<bool> {
+        let transid = w.blocks.transid;
+        let mut changed = false;
+        let ids: Vec<u64> = w.dirty_roots.iter().copied().collect();
+        for id in ids {
+            if id == ROOT_TREE_OBJECTID || id == CHUNK_TREE_OBJECTID {
+                continue;
+            }
+            let ptr = self
+                .root_ptr(id)?
+                .ok_or_else(|| Error::NotFound(format!("tree {id}")))?;
+            let found = self
+                .root_tree()
+                .get_le(&Key::new(id, ROOT_ITEM_KEY, u64::MAX))?;
+            let item = found
+                .filter(|it| it.key().objectid == id && it.key().item_type == ROOT_ITEM_KEY)
+                .ok_or_else(|| Error::corrupt(format!("tree {id} has no root item")))?;
+            let key = item.key();
+            let mut data = item.data().to_vec();
+            let cur = RootItem::parse(&data)?;
+            if cur.bytenr == ptr.bytenr && cur.level == ptr.level && cur.generation == transid {
+                continue;
+            }
+            data[160..168].copy_from_slice(&transid.to_le_bytes());
+            data[176..184].copy_from_slice(&ptr.bytenr.to_le_bytes());
+            data[238] = ptr.level;
+            if data.len() >= 247 {
+                data[239..247].copy_from_slice(&transid.to_le_bytes());
+            }
+            if data.len() >= 303 && (id == FS_TREE_OBJECTID || id >= FIRST_FREE_OBJECTID) {
+                // The subvolume's content changed in this transaction.
+                data[295..303].copy_from_slice(&transid.to_le_bytes());
+            }
+            self.modify_tree(w, ROOT_TREE_OBJECTID, |ed, root| ed.put(root, key, data))?;
+            changed = true;
+        }
+        Ok(changed)
+    }
+
+    /// Write the dirty blocks, flush, and write the superblocks.
+    fn write_out(&self, w: &mut Writer) -> Result<()> {
+        let reader = self.tree_reader();
+        let volume = reader.volume();
+        let csum_type = reader.csum_type();
+        for node in reader.dirty_blocks() {
+            volume.write(node.header.bytenr, &node.sealed_bytes(csum_type))?;
+        }
+        for (_, dev) in volume.devices.iter() {
+            dev.flush()?;
+        }
+        let transid = w.blocks.transid;
+        let root = self
+            .root_ptr(ROOT_TREE_OBJECTID)?
+            .ok_or_else(|| Error::corrupt("no root tree"))?;
+        let chunk = self
+            .root_ptr(CHUNK_TREE_OBJECTID)?
+            .ok_or_else(|| Error::corrupt("no chunk tree"))?;
+        let bytes_used = w.blocks.alloc.bytes_used();
+        let slot = (w.backup_slot + 1) % 4;
+        let backup = self.backup_root(transid, root, chunk, bytes_used)?;
+        for (devid, raw) in w.dev_supers.iter_mut() {
+            let sb = &mut raw[..];
+            put64(sb, 0x48, transid);
+            put64(sb, 0x50, root.bytenr);
+            put64(sb, 0x58, chunk.bytenr);
+            put64(sb, 0x60, 0);
+            put64(sb, 0x78, bytes_used);
+            if w.dirty_roots.contains(&CHUNK_TREE_OBJECTID) {
+                put64(sb, 0xa4, transid);
+            }
+            sb[0xc6] = root.level;
+            sb[0xc7] = chunk.level;
+            sb[0xc8] = 0;
+            let b = 0xb2b + slot * 168;
+            sb[b..b + 168].copy_from_slice(&backup);
+            let dev = volume
+                .devices
+                .get(*devid)
+                .ok_or_else(|| Error::Devices(format!("device {devid} vanished")))?;
+            for (i, &off) in SUPER_OFFSETS.iter().enumerate() {
+                if off + SUPER_SIZE as u64 > dev.size() {
+                    break;
+                }
+                put64(sb, 0x30, off);
+                let c = csum_type.compute(&sb[CSUM_SIZE_MAX..]);
+                sb[..CSUM_SIZE_MAX].copy_from_slice(&c);
+                if i == 0 {
+                    dev.write_fua(off, sb)?;
+                } else {
+                    dev.write_at(off, sb)?;
+                }
+            }
+            put64(sb, 0x30, SUPER_OFFSETS[0]);
+        }
+        w.backup_slot = slot;
+        reader.commit_done(transid);
+        w.blocks.alloc.unpin_all();
+        w.blocks.transid = transid + 1;
+        w.dirty_roots.clear();
+        Ok(())
+    }
+
+    /// The backup root record for this commit.
+    fn backup_root(
+        &self,
+        transid: u64,
+        root: RootPtr,
+        chunk: RootPtr,
+        bytes_used: u64,
+    ) -> Result<[u8; 168]> {
+        let mut b = [0u8; 168];
+        let mut put = |i: usize, v: u64| b[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        let gen_of = |p: Option<RootPtr>| p.and_then(|p| p.generation).unwrap_or(0);
+        let extent = self.root_ptr(EXTENT_TREE_OBJECTID)?;
+        let fs = self.root_ptr(FS_TREE_OBJECTID)?;
+        let dev = self.root_ptr(DEV_TREE_OBJECTID)?;
+        let csum = self.root_ptr(CSUM_TREE_OBJECTID)?;
+        put(0, root.bytenr);
+        put(1, transid);
+        put(2, chunk.bytenr);
+        put(3, gen_of(Some(chunk)));
+        put(4, extent.map_or(0, |p| p.bytenr));
+        put(5, gen_of(extent));
+        put(6, fs.map_or(0, |p| p.bytenr));
+        put(7, gen_of(fs));
+        put(8, dev.map_or(0, |p| p.bytenr));
+        put(9, gen_of(dev));
+        put(10, csum.map_or(0, |p| p.bytenr));
+        put(11, gen_of(csum));
+        put(12, self.superblock().total_bytes);
+        put(13, bytes_used);
+        put(14, self.superblock().num_devices);
+        let levels = [Some(root), Some(chunk), extent, fs, dev, csum];
+        for (i, p) in levels.iter().enumerate() {
+            b[152 + i] = p.map_or(0, |p| p.level);
+        }
+        Ok(b)
+    }
+}
+
+fn put64(b: &mut [u8], off: usize, v: u64) {
+    b[off..off + 8].copy_from_slice(&v.to_le_bytes());
+}

@@ -105,6 +105,16 @@ pub struct Writer {
 }
 
 impl Writer {
+    /// The chunk tree UUID stamped in tree blocks.
+    pub fn chunk_tree_uuid(&self) -> [u8; 16] {
+        self.chunk_tree_uuid
+    }
+
+    /// The tree holding block group items.
+    pub fn bg_tree(&self) -> u64 {
+        self.bg_tree
+    }
+
     /// Whether the running transaction changed anything.
     pub fn is_dirty(&self) -> bool {
         !self.dirty_roots.is_empty() || !self.blocks.refs.is_empty()
@@ -206,12 +216,63 @@ impl Filesystem {
         Ok(fs)
     }
 
-    /// The write state, or a read-only error.
-    pub(crate) fn writer(&self) -> Result<std::sync::MutexGuard<'_, Writer>> {
+    fn lock_writer(&self) -> Result<std::sync::MutexGuard<'_, Writer>> {
         self.writer
             .as_ref()
             .ok_or_else(|| Error::ReadOnly("the filesystem was opened read-only".into()))
             .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The write state for an operation that may need new space: fails
+    /// with ENOSPC when only the metadata reserve is left.
+    pub(crate) fn writer(&self) -> Result<std::sync::MutexGuard<'_, Writer>> {
+        let mut w = self.lock_writer()?;
+        self.reserve_metadata(&mut w, false)?;
+        Ok(w)
+    }
+
+    /// The write state for an operation that frees space (unlink, rmdir,
+    /// truncate): it may use the metadata reserve, so a full filesystem
+    /// can still be emptied.
+    pub(crate) fn writer_deleting(&self) -> Result<std::sync::MutexGuard<'_, Writer>> {
+        let mut w = self.lock_writer()?;
+        self.reserve_metadata(&mut w, true)?;
+        Ok(w)
+    }
+
+    /// Metadata kept free for commits and deletions.
+    fn metadata_reserve(&self) -> u64 {
+        (2u64 << 20).max(128 * self.geometry().nodesize as u64)
+    }
+
+    /// Keep twice the reserve free, adding a metadata chunk when needed.
+    fn reserve_metadata(&self, w: &mut Writer, deleting: bool) -> Result<()> {
+        let reserve = self.metadata_reserve();
+        if w.blocks.alloc.free_bytes(SpaceKind::Metadata) < 2 * reserve {
+            match self.alloc_chunk(w, SpaceKind::Metadata) {
+                Ok(()) | Err(Error::NoSpace(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if !deleting && w.blocks.alloc.free_bytes(SpaceKind::Metadata) < reserve {
+            return Err(Error::NoSpace(
+                "metadata space is down to its reserve".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Allocate data space, adding a data chunk when none is left.
+    pub(crate) fn alloc_data_space(&self, w: &mut Writer, len: u64) -> Result<(u64, u64)> {
+        let ss = self.geometry().sectorsize as u64;
+        if let Some(r) = w.blocks.alloc.alloc_data(len, ss, ss) {
+            return Ok(r);
+        }
+        self.alloc_chunk(w, SpaceKind::Data)?;
+        w.blocks
+            .alloc
+            .alloc_data(len, ss, ss)
+            .ok_or_else(|| Error::NoSpace(format!("no data space for {len} bytes")))
     }
 
     /// Change tree `tree_id` in the running transaction.
@@ -240,10 +301,11 @@ impl Filesystem {
 
     /// Commit the running transaction, if it changed anything.
     pub fn commit(&self) -> Result<()> {
-        let mut w = self.writer()?;
+        let mut w = self.lock_writer()?;
         if !w.is_dirty() {
             return Ok(());
         }
+        self.reserve_metadata(&mut w, true)?;
         self.settle(&mut w)?;
         self.write_out(&mut w)
     }
@@ -441,6 +503,14 @@ impl Filesystem {
             sb[0xc8] = 0;
             let b = 0xb2b + slot * 168;
             sb[b..b + 168].copy_from_slice(&backup);
+            // The device's own item, as the chunk tree now records it.
+            if let Some(item) =
+                self.chunk_tree()
+                    .get(&Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, *devid))?
+            {
+                let n = crate::format::items::DevItem::SIZE;
+                sb[0xc9..0xc9 + n].copy_from_slice(&item.data()[..n]);
+            }
             let dev = volume
                 .devices
                 .get(*devid)

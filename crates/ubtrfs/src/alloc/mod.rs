@@ -8,6 +8,7 @@
 //! them.
 
 pub mod block_group;
+mod chunk_alloc;
 pub mod delayed_ref;
 pub mod extent_tree;
 pub mod free_space_tree;

@@ -78,7 +78,8 @@ impl Filesystem {
             buf[..old.len()].copy_from_slice(&old);
         }
         buf[head..head + data.len()].copy_from_slice(data);
-        // Past the old end of file there is nothing to keep.
+        // Take all the space first: a write that cannot finish changes nothing.
+        let pieces = self.reserve_data(&mut w, buf.len() as u64)?;
         let removed = self.drop_range(&mut w, id, a_start, a_end)?;
         if !self.superblock().no_holes() {
             let old_end = inode.size.div_ceil(ss) * ss;
@@ -86,7 +87,7 @@ impl Filesystem {
                 self.insert_hole(&mut w, id, old_end, a_start - old_end)?;
             }
         }
-        let added = self.write_extents(&mut w, id, a_start, &buf)?;
+        let added = self.write_extents(&mut w, id, a_start, &buf, &pieces)?;
         self.change_inode(&mut w, id, |i| {
             i.size = new_size;
             i.nbytes = i.nbytes.saturating_sub(removed) + added;
@@ -159,21 +160,45 @@ impl Filesystem {
         })
     }
 
-    /// Write `buf` (sector-aligned, at sector-aligned `at`) into new data
-    /// extents with checksums and file extent items; returns bytes added.
-    fn write_extents(&self, w: &mut Writer, id: InodeId, at: u64, buf: &[u8]) -> Result<u64> {
+    /// Allocate `len` bytes of data space in extents of at most
+    /// [`MAX_EXTENT`] bytes, or nothing (ENOSPC) if it is not all there.
+    pub(crate) fn reserve_data(&self, w: &mut Writer, len: u64) -> Result<Vec<(u64, u64)>> {
+        let mut pieces = Vec::new();
+        let mut got = 0;
+        while got < len {
+            match self.alloc_data_space(w, (len - got).min(MAX_EXTENT)) {
+                Ok((s, l)) => {
+                    pieces.push((s, l));
+                    got += l;
+                }
+                Err(e) => {
+                    for (s, l) in pieces {
+                        w.blocks.alloc.release(s, l)?;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(pieces)
+    }
+
+    /// Write `buf` (sector-aligned, at sector-aligned `at`) into the
+    /// reserved extents `pieces`, with checksums and file extent items;
+    /// returns bytes added.
+    fn write_extents(
+        &self,
+        w: &mut Writer,
+        id: InodeId,
+        at: u64,
+        buf: &[u8],
+        pieces: &[(u64, u64)],
+    ) -> Result<u64> {
         let geo = self.geometry();
         let ss = geo.sectorsize as u64;
         let nodatasum = self.inode_item(id)?.flags & INODE_NODATASUM != 0;
         let csum_type = self.superblock().csum_type;
         let mut done = 0u64;
-        while done < buf.len() as u64 {
-            let want = (buf.len() as u64 - done).min(MAX_EXTENT);
-            let (start, len) = w
-                .blocks
-                .alloc
-                .alloc_data(want, ss, ss)
-                .ok_or_else(|| Error::NoSpace(format!("no data space for {want} bytes")))?;
+        for &(start, len) in pieces {
             let piece = &buf[done as usize..(done + len) as usize];
             // Data reaches the devices before the commit's flush.
             self.tree_reader().volume().write(start, piece)?;

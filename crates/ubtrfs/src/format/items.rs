@@ -64,6 +64,26 @@ impl DevItem {
     /// Size on disk.
     pub const SIZE: usize = 98;
 
+    /// The 98-byte encoding.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(Self::SIZE);
+        for x in [self.devid, self.total_bytes, self.bytes_used] {
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+        for x in [self.io_align, self.io_width, self.sector_size] {
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+        for x in [self.dev_type, self.generation, self.start_offset] {
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+        v.extend_from_slice(&self.dev_group.to_le_bytes());
+        v.push(self.seek_speed);
+        v.push(self.bandwidth);
+        v.extend_from_slice(&self.uuid);
+        v.extend_from_slice(&self.fsid);
+        v
+    }
+
     /// Decode a dev item.
     pub fn parse(b: &[u8]) -> Result<Self> {
         Ok(DevItem {
@@ -110,6 +130,25 @@ pub struct ChunkItem {
 impl ChunkItem {
     const FIXED: usize = 48;
     const STRIPE: usize = 32;
+
+    /// The encoding, stripes included.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(Self::FIXED + Self::STRIPE * self.stripes.len());
+        for x in [self.length, self.owner, self.stripe_len, self.chunk_type] {
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+        for x in [self.io_align, self.io_width, self.sector_size] {
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+        v.extend_from_slice(&(self.stripes.len() as u16).to_le_bytes());
+        v.extend_from_slice(&self.sub_stripes.to_le_bytes());
+        for s in &self.stripes {
+            v.extend_from_slice(&s.devid.to_le_bytes());
+            v.extend_from_slice(&s.offset.to_le_bytes());
+            v.extend_from_slice(&s.dev_uuid);
+        }
+        v
+    }
 
     /// Decode a chunk item at the start of `b`; returns it and its length.
     pub fn parse_prefix(b: &[u8]) -> Result<(Self, usize)> {
@@ -554,6 +593,21 @@ pub struct DevExtent {
 }
 
 impl DevExtent {
+    /// The 48-byte encoding.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(48);
+        for x in [
+            self.chunk_tree,
+            self.chunk_objectid,
+            self.chunk_offset,
+            self.length,
+        ] {
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+        v.extend_from_slice(&self.chunk_tree_uuid);
+        v
+    }
+
     /// Decode a dev extent.
     pub fn parse(b: &[u8]) -> Result<Self> {
         Ok(DevExtent {

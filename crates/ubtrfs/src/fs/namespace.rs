@@ -327,7 +327,7 @@ impl Filesystem {
 
     /// Remove a non-directory name; the inode goes when its last name does.
     pub fn unlink(&self, dir: InodeId, name: &[u8]) -> Result<()> {
-        let mut w = self.writer()?;
+        let mut w = self.writer_deleting()?;
         self.writable_dir(dir)?;
         let entry = self.lookup(dir, name)?;
         if entry.kind == FileKind::Dir {
@@ -347,7 +347,7 @@ impl Filesystem {
 
     /// Remove an empty directory.
     pub fn rmdir(&self, dir: InodeId, name: &[u8]) -> Result<()> {
-        let mut w = self.writer()?;
+        let mut w = self.writer_deleting()?;
         self.writable_dir(dir)?;
         let entry = self.lookup(dir, name)?;
         if entry.kind != FileKind::Dir {

@@ -81,7 +81,7 @@ impl Filesystem {
         };
 
         // The system chunks are enough to read the chunk tree.
-        let mut boot_map = ChunkMap::default();
+        let boot_map = ChunkMap::default();
         for (key, chunk) in &sb.sys_chunks {
             boot_map.insert(key.offset, chunk.clone())?;
         }
@@ -97,7 +97,7 @@ impl Filesystem {
             level: sb.chunk_root_level,
             generation: Some(sb.chunk_root_generation),
         };
-        let mut chunks = ChunkMap::default();
+        let chunks = ChunkMap::default();
         let mut dev_items = Vec::new();
         for item in boot.tree(chunk_root).range(Key::MIN, Key::MAX)? {
             let item = item?;
@@ -326,7 +326,7 @@ fn check_devices(
     if missing.is_empty() {
         return Ok(());
     }
-    for chunk in chunks.iter() {
+    for chunk in chunks.all() {
         let readable = (0..chunk.num_copies()).any(|mirror| {
             // A copy is readable if every stripe it uses is present; a
             // chunk spans at most all its stripes, so test each stripe row.

@@ -472,7 +472,7 @@ mod tests {
         let sb = Superblock::parse(&raw, 0x10000).unwrap();
         let dev: Arc<dyn Device> = Arc::new(NullDevice(Counters::default()));
         let set = DeviceSet::with_superblock(vec![(1, dev)], sb.clone());
-        let mut chunks = ChunkMap::default();
+        let chunks = ChunkMap::default();
         chunks
             .insert(
                 0,

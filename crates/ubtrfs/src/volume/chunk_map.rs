@@ -4,6 +4,7 @@ use crate::format::consts::*;
 use crate::format::items::ChunkItem;
 use crate::{Error, Result};
 use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
 
 /// How a chunk spreads its bytes over its stripes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -183,17 +184,31 @@ impl Chunk {
     }
 }
 
-/// Every chunk of the filesystem, by logical start.
-#[derive(Clone, Debug, Default)]
+/// Every chunk of the filesystem, by logical start. Chunks can be added
+/// while readers use the map (a transaction allocating a new chunk).
+#[derive(Debug, Default)]
 pub struct ChunkMap {
-    chunks: BTreeMap<u64, Chunk>,
+    chunks: RwLock<BTreeMap<u64, Arc<Chunk>>>,
+}
+
+impl Clone for ChunkMap {
+    fn clone(&self) -> Self {
+        ChunkMap {
+            chunks: RwLock::new(self.read().clone()),
+        }
+    }
 }
 
 impl ChunkMap {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<u64, Arc<Chunk>>> {
+        self.chunks.read().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Add the chunk `item` starting at `logical`; rejects overlaps.
-    pub fn insert(&mut self, logical: u64, item: ChunkItem) -> Result<()> {
+    pub fn insert(&self, logical: u64, item: ChunkItem) -> Result<()> {
         let chunk = Chunk::new(logical, item)?;
-        if let Some((_, prev)) = self.chunks.range(..=logical).next_back()
+        let mut map = self.chunks.write().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, prev)) = map.range(..=logical).next_back()
             && prev.end() > logical
             && prev.logical != logical
         {
@@ -202,30 +217,36 @@ impl ChunkMap {
                 prev.logical
             )));
         }
-        if let Some((&next, _)) = self.chunks.range(logical + 1..).next()
+        if let Some((&next, _)) = map.range(logical + 1..).next()
             && next < chunk.end()
         {
             return Err(Error::corrupt(format!(
                 "chunks at {logical} and {next} overlap"
             )));
         }
-        self.chunks.insert(logical, chunk);
+        map.insert(logical, Arc::new(chunk));
         Ok(())
     }
 
     /// The chunk holding `logical`.
-    pub fn lookup(&self, logical: u64) -> Result<&Chunk> {
-        self.chunks
+    pub fn lookup(&self, logical: u64) -> Result<Arc<Chunk>> {
+        self.read()
             .range(..=logical)
             .next_back()
             .map(|(_, c)| c)
             .filter(|c| logical < c.end())
+            .cloned()
             .ok_or(Error::Unmapped(logical))
     }
 
     /// All chunks in logical order.
-    pub fn iter(&self) -> impl Iterator<Item = &Chunk> {
-        self.chunks.values()
+    pub fn all(&self) -> Vec<Arc<Chunk>> {
+        self.read().values().cloned().collect()
+    }
+
+    /// First logical address after every chunk.
+    pub fn end(&self) -> u64 {
+        self.read().values().next_back().map_or(0, |c| c.end())
     }
 }
 
@@ -305,7 +326,7 @@ mod tests {
 
     #[test]
     fn dup_copies_and_overlap() {
-        let mut m = ChunkMap::default();
+        let m = ChunkMap::default();
         m.insert(0, item(BLOCK_GROUP_DUP, &[(1, 100), (1, 5000)], 0))
             .unwrap();
         let c = m.lookup(7).unwrap();

@@ -97,6 +97,16 @@ pub enum Error {
     /// Invalid argument from the caller.
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// The operation is not permitted on this kind of inode (e.g. a hard
+    /// link to a directory).
+    #[error("operation not permitted: {0}")]
+    NotPermitted(String),
+    /// The operation would cross from one subvolume to another.
+    #[error("cross-subvolume operation: {0}")]
+    CrossDevice(String),
+    /// An inode would get more names than the format allows.
+    #[error("too many links: {0}")]
+    TooManyLinks(String),
 }
 
 impl Error {
@@ -112,6 +122,9 @@ impl Error {
             Error::Exists(_) => libc::EEXIST,
             Error::NotEmpty(_) => libc::ENOTEMPTY,
             Error::Unsupported(_) => libc::EOPNOTSUPP,
+            Error::NotPermitted(_) => libc::EPERM,
+            Error::CrossDevice(_) => libc::EXDEV,
+            Error::TooManyLinks(_) => libc::EMLINK,
             Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             _ => libc::EIO,
         }

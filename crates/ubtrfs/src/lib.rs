@@ -20,6 +20,7 @@ pub mod device;
 pub mod error;
 pub mod format;
 pub mod fs;
+pub mod mkfs;
 pub mod transaction;
 pub mod tree;
 pub mod volume;

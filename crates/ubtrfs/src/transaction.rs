@@ -98,6 +98,10 @@ pub struct Writer {
     has_fst: bool,
     /// Number of the backup root slot written last.
     backup_slot: usize,
+    /// How data checksums are computed.
+    pub(crate) csum_mode: crate::data::ordered::CsumMode,
+    /// Measured costs that steer the `auto` checksum mode.
+    pub(crate) csum_stats: crate::data::ordered::CsumStats,
     /// Next free inode number per subvolume, once looked up.
     pub(crate) next_ino: HashMap<u64, u64>,
     /// Next directory index per (subvolume, directory), once looked up.
@@ -212,6 +216,8 @@ impl Filesystem {
             backup_slot,
             next_ino: HashMap::new(),
             next_index: HashMap::new(),
+            csum_mode: Default::default(),
+            csum_stats: Default::default(),
         }));
         Ok(fs)
     }
@@ -302,10 +308,11 @@ impl Filesystem {
     /// Commit the running transaction, if it changed anything.
     pub fn commit(&self) -> Result<()> {
         let mut w = self.lock_writer()?;
+        self.reserve_metadata(&mut w, true)?;
+        self.writeback_all(&mut w)?;
         if !w.is_dirty() {
             return Ok(());
         }
-        self.reserve_metadata(&mut w, true)?;
         self.settle(&mut w)?;
         self.write_out(&mut w)
     }

@@ -2,5 +2,7 @@
 //! verify every sector against the checksum tree.
 
 pub mod compression;
+pub mod delalloc;
+pub mod ordered;
 mod read;
 pub mod write;

@@ -20,7 +20,18 @@ struct Origin {
 
 impl Filesystem {
     /// Up to `len` bytes of file `id` from `offset`; short at end of file.
+    /// Data written but not yet written back is included.
     pub fn read(&self, id: InodeId, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let mut out = self.read_stored(id, offset, len)?;
+        let d = self.delalloc();
+        if d.has(id) {
+            d.overlay(id, offset, &mut out, self.geo.sectorsize as u64);
+        }
+        Ok(out)
+    }
+
+    /// Like [`Filesystem::read`], from the extents only.
+    pub(crate) fn read_stored(&self, id: InodeId, offset: u64, len: usize) -> Result<Vec<u8>> {
         let inode = self.inode_item(id)?;
         match FileKind::from_mode(inode.mode) {
             Some(FileKind::Dir) => {
@@ -36,7 +47,16 @@ impl Filesystem {
             return Ok(Vec::new());
         }
         let end = offset.saturating_add(len as u64).min(inode.size);
-        let mut out = vec![0u8; (end - offset) as usize];
+        // The size comes from disk: an absurd one is an error, not an abort.
+        let n = (end - offset) as usize;
+        let mut out = Vec::new();
+        out.try_reserve_exact(n).map_err(|_| {
+            Error::Invalid(format!(
+                "inode {} in subvolume {}: {n} bytes do not fit in memory",
+                id.ino, id.subvol
+            ))
+        })?;
+        out.resize(n, 0);
         let nodatasum = inode.flags & INODE_NODATASUM != 0;
         let tree = self.fs_tree(id.subvol)?;
         // The extent holding `offset` may start before it.

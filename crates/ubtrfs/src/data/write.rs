@@ -1,14 +1,15 @@
-//! The write path, in its first form: a write is copied into new data
-//! extents at once (copy-on-write, sector-aligned, checksummed), the
-//! file extent items it replaces are trimmed or dropped with their
-//! references, and small files live inline in their extent item.
-//!
-//! Later the pipeline of DESIGN.md layer 8 (delalloc, ordered extents,
-//! offloaded checksums) replaces the synchronous copy; the items written
-//! stay the same.
+//! The write path (DESIGN.md layer 8). A write lands in the inode's dirty
+//! sectors (delayed allocation, [`super::delalloc`]); writeback turns each
+//! contiguous run into ordered extents: space is allocated, checksums are
+//! computed (inline, offloaded or as `auto` decides, seed 003), the data is
+//! written, and completion puts the file extent and checksum items into
+//! the running transaction. Small files live inline in their extent item.
+//! Every commit writes back all dirty data first, so a committed inode
+//! never records a size its extents do not back.
 
+use super::ordered::OrderedExtent;
+use crate::alloc::SpaceKind;
 use crate::alloc::delayed_ref::DataOwner;
-use crate::csum_tree;
 use crate::format::Key;
 use crate::format::consts::*;
 use crate::format::items::{ExtentBody, FileExtentItem, Timespec};
@@ -20,10 +21,13 @@ use crate::{Error, Result};
 /// `max_inline`.
 pub const MAX_INLINE: u64 = 2048;
 /// Largest data extent the kernel creates.
-const MAX_EXTENT: u64 = 128 << 20;
+pub(crate) const MAX_EXTENT: u64 = 128 << 20;
+/// Dirty data beyond this is written back before more is accepted.
+const DIRTY_LIMIT: u64 = 256 << 20;
 
 impl Filesystem {
     /// Write `data` at `offset` of file `id`; returns the bytes written.
+    /// The data is held dirty until writeback (at the latest, the commit).
     pub fn write(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<usize> {
         if data.is_empty() {
             return Ok(0);
@@ -46,55 +50,153 @@ impl Filesystem {
             .ok_or_else(|| Error::Invalid("write past the largest file size".into()))?;
         let new_size = inode.size.max(end);
         let ss = self.geometry().sectorsize as u64;
-        let now = Timespec::now();
-        let inline_now = self.has_inline(id)?;
-        if new_size <= MAX_INLINE
-            && new_size < ss
-            && (inline_now || inode.size == 0)
-            && !self.has_regular(id)?
-        {
-            // Rewrite the whole (small) file as one inline extent.
-            let mut content = self.read(id, 0, inode.size as usize)?;
-            content.resize(new_size as usize, 0);
-            content[offset as usize..end as usize].copy_from_slice(data);
-            let removed = self.drop_range(&mut w, id, 0, u64::MAX)?;
-            self.insert_inline(&mut w, id, &content)?;
-            self.change_inode(&mut w, id, |i| {
-                i.size = new_size;
-                i.nbytes = i.nbytes.saturating_sub(removed) + new_size;
-                i.mtime = now;
-                i.ctime = now;
-            })?;
-            return Ok(data.len());
+        let first = offset / ss;
+        let last = (end - 1) / ss;
+        // A file outgrowing its inline extent moves it to sector 0 of its data.
+        let uninline = (new_size > MAX_INLINE || new_size >= ss) && self.has_inline(id)?;
+        let new_sectors = {
+            let d = self.delalloc();
+            (first..=last)
+                .filter(|&i| d.sector(id, i).is_none())
+                .count() as u64
+                + u64::from(uninline && first > 0 && d.sector(id, 0).is_none())
+        };
+        self.reserve_dirty_space(&mut w, new_sectors * ss)?;
+        let mut sectors = Vec::new();
+        if uninline && first > 0 {
+            sectors.push(0);
         }
-        // Regular extents: widen to whole sectors, keeping the bytes around the write.
-        // An inline extent is folded into the new regular extent, from offset 0.
-        let a_start = if inline_now { 0 } else { offset / ss * ss };
-        let a_end = end.div_ceil(ss) * ss;
-        let mut buf = vec![0u8; (a_end - a_start) as usize];
-        let head = (offset - a_start) as usize;
-        if head > 0 || end < a_end {
-            let old = self.read(id, a_start, buf.len())?;
-            buf[..old.len()].copy_from_slice(&old);
-        }
-        buf[head..head + data.len()].copy_from_slice(data);
-        // Take all the space first: a write that cannot finish changes nothing.
-        let pieces = self.reserve_data(&mut w, buf.len() as u64)?;
-        let removed = self.drop_range(&mut w, id, a_start, a_end)?;
-        if !self.superblock().no_holes() {
-            let old_end = inode.size.div_ceil(ss) * ss;
-            if a_start > old_end {
-                self.insert_hole(&mut w, id, old_end, a_start - old_end)?;
+        sectors.extend(first..=last);
+        for idx in sectors {
+            let s = idx * ss;
+            let existing = self.delalloc().sector(id, idx).map(|b| b.to_vec());
+            let mut buf = match existing {
+                Some(b) => b,
+                None if s >= offset && s + ss <= end => vec![0u8; ss as usize],
+                None => {
+                    let mut b = self.read_stored(id, s, ss as usize)?;
+                    b.resize(ss as usize, 0);
+                    b
+                }
+            };
+            let lo = s.max(offset);
+            let hi = (s + ss).min(end);
+            if lo < hi {
+                buf[(lo - s) as usize..(hi - s) as usize]
+                    .copy_from_slice(&data[(lo - offset) as usize..(hi - offset) as usize]);
             }
+            self.delalloc().put(id, idx, buf.into_boxed_slice());
         }
-        let added = self.write_extents(&mut w, id, a_start, &buf, &pieces)?;
+        let now = Timespec::now();
         self.change_inode(&mut w, id, |i| {
             i.size = new_size;
-            i.nbytes = i.nbytes.saturating_sub(removed) + added;
             i.mtime = now;
             i.ctime = now;
         })?;
+        if self.delalloc().bytes() > DIRTY_LIMIT {
+            self.writeback_all(&mut w)?;
+        }
         Ok(data.len())
+    }
+
+    /// Make sure `more` bytes of dirty data can be written back later:
+    /// every dirty sector needs a new one on disk (copy-on-write).
+    fn reserve_dirty_space(&self, w: &mut Writer, more: u64) -> Result<()> {
+        let need = self.delalloc().bytes() + more;
+        if w.blocks.alloc.free_bytes(SpaceKind::Data) >= need {
+            return Ok(());
+        }
+        match self.alloc_chunk(w, SpaceKind::Data) {
+            Ok(()) | Err(Error::NoSpace(_)) => {}
+            Err(e) => return Err(e),
+        }
+        if w.blocks.alloc.free_bytes(SpaceKind::Data) >= need {
+            return Ok(());
+        }
+        Err(Error::NoSpace(format!(
+            "no data space for {more} more bytes of dirty data"
+        )))
+    }
+
+    /// Write back every inode's dirty data.
+    pub(crate) fn writeback_all(&self, w: &mut Writer) -> Result<()> {
+        let ids = self.delalloc().inodes();
+        for id in ids {
+            self.writeback(w, id)?;
+        }
+        Ok(())
+    }
+
+    /// Write back the dirty data of `id` as ordered extents (or inline).
+    pub(crate) fn writeback(&self, w: &mut Writer, id: InodeId) -> Result<()> {
+        let ss = self.geometry().sectorsize as u64;
+        let runs = self.delalloc().runs(id, ss, MAX_EXTENT);
+        if runs.is_empty() {
+            return Ok(());
+        }
+        let inode = self.inode_item(id)?;
+        let size = inode.size;
+        if size <= MAX_INLINE
+            && size < ss
+            && runs.len() == 1
+            && runs[0].offset == 0
+            && !self.has_regular(id)?
+        {
+            let content = &runs[0].data[..size as usize];
+            let removed = self.drop_range(w, id, 0, u64::MAX)?;
+            self.insert_inline(w, id, content)?;
+            self.change_inode(w, id, |i| {
+                i.nbytes = i.nbytes.saturating_sub(removed) + size
+            })?;
+        } else {
+            for run in &runs {
+                let len = run.data.len() as u64;
+                let pieces = self.reserve_data(w, len)?;
+                let removed = self.drop_range(w, id, run.offset, run.offset + len)?;
+                let mut added = 0;
+                let mut done = 0usize;
+                for (disk, plen) in pieces {
+                    let oe = OrderedExtent::new(
+                        id,
+                        run.offset + done as u64,
+                        disk,
+                        run.data[done..done + plen as usize].to_vec(),
+                    );
+                    added += self.complete_ordered(w, oe)?;
+                    done += plen as usize;
+                }
+                self.change_inode(w, id, |i| {
+                    i.nbytes = i.nbytes.saturating_sub(removed) + added
+                })?;
+            }
+            if !self.superblock().no_holes() {
+                self.fill_holes(w, id, size)?;
+            }
+        }
+        self.delalloc().discard(id);
+        Ok(())
+    }
+
+    /// Without the no-holes feature every gap between extents up to the end
+    /// of the file has an explicit hole extent.
+    fn fill_holes(&self, w: &mut Writer, id: InodeId, size: u64) -> Result<()> {
+        let ss = self.geometry().sectorsize as u64;
+        let mut cursor = 0;
+        let mut gaps = Vec::new();
+        for (off, fe) in self.extent_items(id)? {
+            if off > cursor {
+                gaps.push((cursor, off - cursor));
+            }
+            cursor = cursor.max(off + fe.len().div_ceil(ss) * ss);
+        }
+        let end = size.div_ceil(ss) * ss;
+        if end > cursor {
+            gaps.push((cursor, end - cursor));
+        }
+        for (at, len) in gaps {
+            self.insert_hole(w, id, at, len)?;
+        }
+        Ok(())
     }
 
     fn extent_items(&self, id: InodeId) -> Result<Vec<(u64, FileExtentItem)>> {
@@ -180,65 +282,6 @@ impl Filesystem {
             }
         }
         Ok(pieces)
-    }
-
-    /// Write `buf` (sector-aligned, at sector-aligned `at`) into the
-    /// reserved extents `pieces`, with checksums and file extent items;
-    /// returns bytes added.
-    fn write_extents(
-        &self,
-        w: &mut Writer,
-        id: InodeId,
-        at: u64,
-        buf: &[u8],
-        pieces: &[(u64, u64)],
-    ) -> Result<u64> {
-        let geo = self.geometry();
-        let ss = geo.sectorsize as u64;
-        let nodatasum = self.inode_item(id)?.flags & INODE_NODATASUM != 0;
-        let csum_type = self.superblock().csum_type;
-        let mut done = 0u64;
-        for &(start, len) in pieces {
-            let piece = &buf[done as usize..(done + len) as usize];
-            // Data reaches the devices before the commit's flush.
-            self.tree_reader().volume().write(start, piece)?;
-            if !nodatasum {
-                let mut sums = Vec::with_capacity((len / ss) as usize * geo.csum_size);
-                for sector in piece.chunks(ss as usize) {
-                    sums.extend_from_slice(&csum_type.compute(sector)[..geo.csum_size]);
-                }
-                self.modify_tree(w, CSUM_TREE_OBJECTID, |ed, root| {
-                    csum_tree::insert(ed, root, start, &sums, geo.sectorsize, geo.csum_size)
-                })?;
-            }
-            let file_off = at + done;
-            let fe = FileExtentItem {
-                generation: w.blocks.transid,
-                ram_bytes: len,
-                compression: COMPRESS_NONE,
-                encryption: 0,
-                other_encoding: 0,
-                extent_type: FILE_EXTENT_REG,
-                body: ExtentBody::Regular {
-                    disk_bytenr: start,
-                    disk_num_bytes: len,
-                    offset: 0,
-                    num_bytes: len,
-                },
-            };
-            let bytes = fe.to_bytes();
-            self.modify_tree(w, id.subvol, |ed, root| {
-                ed.insert(root, Key::new(id.ino, EXTENT_DATA_KEY, file_off), bytes)
-            })?;
-            let owner = DataOwner {
-                root: id.subvol,
-                objectid: id.ino,
-                offset: file_off,
-            };
-            w.blocks.refs.change_data(start, len, owner, 1);
-            done += len;
-        }
-        Ok(buf.len() as u64)
     }
 
     /// Remove the file's extents in `[start, end)`, trimming those that

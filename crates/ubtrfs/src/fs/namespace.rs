@@ -10,6 +10,7 @@ use super::open::Filesystem;
 use crate::format::Key;
 use crate::format::consts::*;
 use crate::format::items::{DirItem, InodeItem, InodeRef, Timespec};
+use crate::format::node::{HEADER_SIZE, ITEM_SIZE};
 use crate::transaction::Writer;
 use crate::{Error, Result};
 
@@ -24,7 +25,7 @@ pub struct NewInode {
     pub rdev: u64,
 }
 
-fn check_name(name: &[u8]) -> Result<()> {
+pub(crate) fn check_name(name: &[u8]) -> Result<()> {
     if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0)
     {
         return Err(Error::Invalid(format!(
@@ -41,7 +42,7 @@ fn check_name(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
-fn file_type(kind: FileKind) -> u8 {
+pub(crate) fn file_type(kind: FileKind) -> u8 {
     match kind {
         FileKind::File => FT_REG_FILE,
         FileKind::Dir => FT_DIR,
@@ -51,6 +52,12 @@ fn file_type(kind: FileKind) -> u8 {
         FileKind::Fifo => FT_FIFO,
         FileKind::Socket => FT_SOCK,
     }
+}
+
+/// The key offset of an INODE_EXTREF item: CRC32C of the name seeded
+/// with the parent directory's inode number, without the inversions.
+pub(crate) fn extref_hash(parent: u64, name: &[u8]) -> u64 {
+    !crc32c::crc32c_append(!(parent as u32), name) as u64
 }
 
 impl Filesystem {
@@ -110,7 +117,7 @@ impl Filesystem {
         Ok(n)
     }
 
-    fn writable_dir(&self, dir: InodeId) -> Result<InodeItem> {
+    pub(crate) fn writable_dir(&self, dir: InodeId) -> Result<InodeItem> {
         if dir.ino == EMPTY_SUBVOL_DIR {
             return Err(Error::ReadOnly(
                 "placeholder of an unreachable subvolume".into(),
@@ -126,8 +133,11 @@ impl Filesystem {
         Ok(item)
     }
 
-    /// Add the name `name` in `dir` for inode `target` of `kind`.
-    fn add_name(
+    /// Add the name `name` in `dir` for inode `target` of `kind`. The
+    /// name goes into the inode's INODE_REF item for `dir`, or, when that
+    /// item would outgrow a leaf, into an INODE_EXTREF item (with the
+    /// extended-iref feature; without it the inode has too many links).
+    pub(crate) fn add_name(
         &self,
         w: &mut Writer,
         dir: InodeId,
@@ -137,6 +147,19 @@ impl Filesystem {
         now: Timespec,
     ) -> Result<()> {
         let transid = w.blocks.transid;
+        let ref_key = Key::new(target.ino, INODE_REF_KEY, dir.ino);
+        let ref_len = self
+            .fs_tree(target.subvol)?
+            .get(&ref_key)?
+            .map_or(0, |it| it.data().len());
+        let max_item = self.geometry().nodesize as usize - HEADER_SIZE - ITEM_SIZE;
+        let use_extref = ref_len + 10 + name.len() > max_item;
+        if use_extref && self.superblock().incompat_flags & INCOMPAT_EXTENDED_IREF == 0 {
+            return Err(Error::TooManyLinks(format!(
+                "inode {} has no room for another name in directory {} (no extended inode refs)",
+                target.ino, dir.ino
+            )));
+        }
         let index = self.next_index(w, dir)?;
         let entry = DirItem {
             location: Key::new(target.ino, INODE_ITEM_KEY, 0),
@@ -166,13 +189,19 @@ impl Filesystem {
             name: name.to_vec(),
         };
         let mut rb = Vec::new();
-        r.encode_ref(&mut rb);
-        let ref_key = Key::new(target.ino, INODE_REF_KEY, dir.ino);
+        let key = if use_extref {
+            r.encode_extref(&mut rb);
+            Key::new(target.ino, INODE_EXTREF_KEY, extref_hash(dir.ino, name))
+        } else {
+            r.encode_ref(&mut rb);
+            ref_key
+        };
         self.modify_tree(w, target.subvol, |ed, root| {
-            ed.edit(root, &ref_key, |items| {
-                match items.binary_search_by(|(k, _)| k.cmp(&ref_key)) {
+            // Names whose key is the same share one item.
+            ed.edit(root, &key, |items| {
+                match items.binary_search_by(|(k, _)| k.cmp(&key)) {
                     Ok(pos) => items[pos].1.extend_from_slice(&rb),
-                    Err(pos) => items.insert(pos, (ref_key, rb)),
+                    Err(pos) => items.insert(pos, (key, rb)),
                 }
                 Ok(())
             })
@@ -186,7 +215,7 @@ impl Filesystem {
     }
 
     /// Remove the name `name` from `dir`; returns the inode it named.
-    fn remove_name(
+    pub(crate) fn remove_name(
         &self,
         w: &mut Writer,
         dir: InodeId,
@@ -198,6 +227,32 @@ impl Filesystem {
             return Err(Error::Unsupported("removing a subvolume link".into()));
         }
         let target = entry.id;
+        // Where the inode keeps this name: its INODE_REF for `dir`, or an
+        // INODE_EXTREF keyed by the hash of `dir` and the name.
+        let ref_key = Key::new(target.ino, INODE_REF_KEY, dir.ino);
+        let extref_key = Key::new(target.ino, INODE_EXTREF_KEY, extref_hash(dir.ino, name));
+        let tree = self.fs_tree(target.subvol)?;
+        let in_ref = match tree.get(&ref_key)? {
+            Some(it) => InodeRef::parse_refs(it.data(), dir.ino)?
+                .into_iter()
+                .find(|r| r.name == name),
+            None => None,
+        };
+        let (r, key) = match in_ref {
+            Some(r) => (r, ref_key),
+            None => {
+                let found = match tree.get(&extref_key)? {
+                    Some(it) => InodeRef::parse_extrefs(it.data())?
+                        .into_iter()
+                        .find(|r| r.parent == dir.ino && r.name == name),
+                    None => None,
+                };
+                let r = found.ok_or_else(|| {
+                    Error::corrupt(format!("inode {} has no ref for its name", target.ino))
+                })?;
+                (r, extref_key)
+            }
+        };
         let hash_key = Key::new(dir.ino, DIR_ITEM_KEY, name_hash(name));
         self.modify_tree(w, dir.subvol, |ed, root| {
             ed.edit(root, &hash_key, |items| {
@@ -218,25 +273,25 @@ impl Filesystem {
                 Ok(())
             })
         })?;
-        // The name's index is in its inode ref.
-        let refs = self.inode_refs(target)?;
-        let r = refs
-            .iter()
-            .find(|r| r.parent == dir.ino && r.name == name)
-            .ok_or_else(|| Error::corrupt(format!("inode {} has no ref for its name", target.ino)))?
-            .clone();
-        let ref_key = Key::new(target.ino, INODE_REF_KEY, dir.ino);
+        let extended = key.item_type == INODE_EXTREF_KEY;
         self.modify_tree(w, dir.subvol, |ed, root| {
             ed.delete(root, Key::new(dir.ino, DIR_INDEX_KEY, r.index))?;
-            let in_ref = ed.edit(root, &ref_key, |items| {
-                let Ok(pos) = items.binary_search_by(|(k, _)| k.cmp(&ref_key)) else {
-                    return Ok(false);
+            ed.edit(root, &key, |items| {
+                let pos = items
+                    .binary_search_by(|(k, _)| k.cmp(&key))
+                    .map_err(|_| Error::corrupt("inode ref vanished"))?;
+                let all = if extended {
+                    InodeRef::parse_extrefs(&items[pos].1)?
+                } else {
+                    InodeRef::parse_refs(&items[pos].1, dir.ino)?
                 };
                 let mut rest = Vec::new();
                 let mut found = false;
-                for x in InodeRef::parse_refs(&items[pos].1, dir.ino)? {
-                    if x.name == name && !found {
+                for x in all {
+                    if !found && x.parent == dir.ino && x.name == name {
                         found = true;
+                    } else if extended {
+                        x.encode_extref(&mut rest);
                     } else {
                         x.encode_ref(&mut rest);
                     }
@@ -246,14 +301,8 @@ impl Filesystem {
                 } else {
                     items[pos].1 = rest;
                 }
-                Ok(found)
-            })?;
-            if !in_ref {
-                return Err(Error::Unsupported(
-                    "removing a name kept in an extended inode ref".into(),
-                ));
-            }
-            Ok(())
+                Ok(())
+            })
         })?;
         w.next_index.remove(&(dir.subvol, dir.ino));
         self.change_inode(w, dir, |d| {
@@ -267,16 +316,29 @@ impl Filesystem {
     /// Create an inode of any kind but directory-with-contents under `dir`.
     pub fn create(&self, dir: InodeId, name: &[u8], new: NewInode) -> Result<Stat> {
         check_name(name)?;
+        let mut w = self.writer()?;
+        let id = self.create_locked(&mut w, dir, name, new)?;
+        self.stat(id)
+    }
+
+    /// [`Filesystem::create`] inside the caller's hold on the transaction.
+    pub(crate) fn create_locked(
+        &self,
+        w: &mut Writer,
+        dir: InodeId,
+        name: &[u8],
+        new: NewInode,
+    ) -> Result<InodeId> {
+        check_name(name)?;
         let kind = FileKind::from_mode(new.mode)
             .ok_or_else(|| Error::Invalid(format!("mode {:#o}", new.mode)))?;
-        let mut w = self.writer()?;
         let parent = self.writable_dir(dir)?;
         if self.lookup(dir, name).is_ok() {
             return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
         }
         let transid = w.blocks.transid;
         let now = Timespec::now();
-        let ino = self.next_ino(&mut w, dir.subvol)?;
+        let ino = self.next_ino(w, dir.subvol)?;
         let id = InodeId {
             subvol: dir.subvol,
             ino,
@@ -306,9 +368,9 @@ impl Filesystem {
             mtime: now,
             otime: now,
         };
-        self.put_inode(&mut w, id, &item)?;
-        self.add_name(&mut w, dir, name, id, kind, now)?;
-        self.stat(id)
+        self.put_inode(w, id, &item)?;
+        self.add_name(w, dir, name, id, kind, now)?;
+        Ok(id)
     }
 
     /// Create a directory.
@@ -384,6 +446,7 @@ impl Filesystem {
             Ok(())
         })?;
         w.next_index.remove(&(id.subvol, id.ino));
+        self.delalloc().discard(id);
         Ok(())
     }
 }

@@ -51,6 +51,8 @@ pub struct Filesystem {
     /// Write state, when opened read-write.
     pub(crate) writer: Option<std::sync::Mutex<crate::transaction::Writer>>,
     pub(crate) warnings: Vec<String>,
+    /// Written data not yet in extents.
+    pub(crate) delalloc: std::sync::Mutex<crate::data::delalloc::Delalloc>,
     /// When the filesystem was opened (times of synthesized inodes).
     pub(crate) opened_at: crate::format::items::Timespec,
 }
@@ -138,9 +140,15 @@ impl Filesystem {
             warnings,
             sb,
             opened_at: now(),
+            delalloc: std::sync::Mutex::new(Default::default()),
         };
         fs.default_subvol = fs.find_default_subvol()?;
         Ok(fs)
+    }
+
+    /// The dirty data held for writeback.
+    pub(crate) fn delalloc(&self) -> std::sync::MutexGuard<'_, crate::data::delalloc::Delalloc> {
+        self.delalloc.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Problems met while opening that did not stop it (bad superblock

@@ -1,0 +1,254 @@
+//! Changing attributes: mode, owner, times, size, and extended attributes.
+//!
+//! An xattr is an entry of an XATTR_ITEM keyed by the CRC32C hash of its
+//! name; entries whose names share a hash are packed in one item, like
+//! directory entries. Every change sets the inode's ctime.
+
+use super::dir::{EMPTY_SUBVOL_DIR, name_hash};
+use super::inode::{FileKind, InodeId, Stat};
+use super::open::Filesystem;
+use crate::format::Key;
+use crate::format::consts::*;
+use crate::format::items::{DirItem, Timespec};
+use crate::format::node::{HEADER_SIZE, ITEM_SIZE};
+use crate::{Error, Result};
+
+/// `set_xattr` flag: fail with [`Error::Exists`] if the xattr exists
+/// (Linux `XATTR_CREATE`).
+pub const XATTR_CREATE: u32 = 1;
+/// `set_xattr` flag: fail with [`Error::NotFound`] (ENODATA) if the xattr
+/// does not exist (Linux `XATTR_REPLACE`).
+pub const XATTR_REPLACE: u32 = 2;
+
+/// Longest xattr name (Linux `XATTR_NAME_MAX`).
+const XATTR_NAME_MAX: usize = 255;
+/// Largest xattr value (Linux `XATTR_SIZE_MAX`).
+const XATTR_SIZE_MAX: usize = 65536;
+/// Bytes of a DIR_ITEM entry before its name.
+const DIR_ITEM_HEADER: usize = 30;
+
+/// The attributes `setattr` changes; `None` leaves one as it is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SetAttr {
+    /// Permission bits (`0o7777`); the file type never changes.
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    /// New size of a regular file (see [`Filesystem::truncate`]).
+    pub size: Option<u64>,
+    pub atime: Option<Timespec>,
+    pub mtime: Option<Timespec>,
+    /// The change time to record; by default the time of the call.
+    pub ctime: Option<Timespec>,
+}
+
+fn show(name: &[u8]) -> String {
+    String::from_utf8_lossy(name).into_owned()
+}
+
+impl Filesystem {
+    /// Change attributes of `id`; returns the new ones. A size change goes
+    /// through [`Filesystem::truncate`] and sets mtime and ctime unless
+    /// they are given.
+    pub fn setattr(&self, id: InodeId, attr: SetAttr) -> Result<Stat> {
+        if id.ino == EMPTY_SUBVOL_DIR {
+            return Err(Error::ReadOnly(
+                "placeholder of an unreachable subvolume".into(),
+            ));
+        }
+        let now = Timespec::now();
+        let item = self.inode_item(id)?;
+        let mut changed = false;
+        if let Some(size) = attr.size {
+            match FileKind::from_mode(item.mode) {
+                Some(FileKind::File) => {}
+                Some(FileKind::Dir) => return Err(Error::IsDir(format!("inode {}", id.ino))),
+                _ => {
+                    return Err(Error::Invalid(format!(
+                        "size of inode {}, which is not a regular file",
+                        id.ino
+                    )));
+                }
+            }
+            if size != item.size {
+                self.truncate_at(id, size, now)?;
+            }
+            changed = true;
+        }
+        let others = attr.mode.is_some()
+            || attr.uid.is_some()
+            || attr.gid.is_some()
+            || attr.atime.is_some()
+            || attr.mtime.is_some()
+            || attr.ctime.is_some();
+        if others || (changed && attr.size != Some(item.size)) {
+            let mut w = self.writer_deleting()?;
+            self.change_inode(&mut w, id, |i| {
+                if let Some(m) = attr.mode {
+                    i.mode = (i.mode & libc::S_IFMT) | (m & 0o7777);
+                }
+                if let Some(u) = attr.uid {
+                    i.uid = u;
+                }
+                if let Some(g) = attr.gid {
+                    i.gid = g;
+                }
+                if let Some(t) = attr.atime {
+                    i.atime = t;
+                }
+                if let Some(t) = attr.mtime {
+                    i.mtime = t;
+                }
+                i.ctime = attr.ctime.unwrap_or(now);
+            })?;
+        }
+        self.stat(id)
+    }
+
+    /// Largest name plus value of one xattr: what one item holds in a leaf.
+    pub fn xattr_max(&self) -> usize {
+        self.geometry().nodesize as usize - HEADER_SIZE - ITEM_SIZE - DIR_ITEM_HEADER
+    }
+
+    /// Set xattr `name` of `id` to `value`. `flags` is 0, [`XATTR_CREATE`]
+    /// or [`XATTR_REPLACE`].
+    pub fn set_xattr(&self, id: InodeId, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
+        if flags & !(XATTR_CREATE | XATTR_REPLACE) != 0 {
+            return Err(Error::Invalid(format!("xattr flags {flags:#x}")));
+        }
+        check_xattr_name(name)?;
+        if value.len() > XATTR_SIZE_MAX {
+            return Err(Error::Invalid(format!(
+                "xattr value of {} bytes is larger than {XATTR_SIZE_MAX}",
+                value.len()
+            )));
+        }
+        let max = self.xattr_max();
+        if name.len() + value.len() > max {
+            return Err(Error::NoSpace(format!(
+                "xattr {} of {} bytes: name and value hold at most {max} bytes with {}-byte nodes",
+                show(name),
+                value.len(),
+                self.geometry().nodesize
+            )));
+        }
+        let mut w = self.writer()?;
+        self.writable_inode(id)?;
+        let entry = DirItem {
+            location: Key::new(0, 0, 0),
+            transid: w.blocks.transid,
+            file_type: FT_XATTR,
+            name: name.to_vec(),
+            data: value.to_vec(),
+        };
+        let key = Key::new(id.ino, XATTR_ITEM_KEY, name_hash(name));
+        let max_item = max + DIR_ITEM_HEADER;
+        self.modify_tree(&mut w, id.subvol, |ed, root| {
+            ed.edit(root, &key, |items| {
+                let at = items.binary_search_by(|(k, _)| k.cmp(&key));
+                let mut all = match at {
+                    Ok(pos) => DirItem::parse_all(&items[pos].1)?,
+                    Err(_) => Vec::new(),
+                };
+                let old = all.iter().position(|d| d.name == name);
+                match old {
+                    Some(_) if flags & XATTR_CREATE != 0 => {
+                        return Err(Error::Exists(format!("xattr {}", show(name))));
+                    }
+                    None if flags & XATTR_REPLACE != 0 => {
+                        return Err(Error::NotFound(format!("xattr {}", show(name))));
+                    }
+                    Some(i) => {
+                        all.remove(i);
+                    }
+                    None => {}
+                }
+                all.push(entry);
+                let mut bytes = Vec::new();
+                for d in &all {
+                    d.encode(&mut bytes);
+                }
+                if bytes.len() > max_item {
+                    return Err(Error::NoSpace(format!(
+                        "xattr {}: its hash bucket would outgrow a leaf",
+                        show(name)
+                    )));
+                }
+                match at {
+                    Ok(pos) => items[pos].1 = bytes,
+                    Err(pos) => items.insert(pos, (key, bytes)),
+                }
+                Ok(())
+            })
+        })?;
+        let now = Timespec::now();
+        self.change_inode(&mut w, id, |i| i.ctime = now)?;
+        Ok(())
+    }
+
+    /// Remove xattr `name` of `id`; [`Error::NotFound`] (ENODATA) if it has none.
+    pub fn remove_xattr(&self, id: InodeId, name: &[u8]) -> Result<()> {
+        check_xattr_name(name)?;
+        let mut w = self.writer_deleting()?;
+        self.writable_inode(id)?;
+        let key = Key::new(id.ino, XATTR_ITEM_KEY, name_hash(name));
+        self.modify_tree(&mut w, id.subvol, |ed, root| {
+            ed.edit(root, &key, |items| {
+                let missing = || Error::NotFound(format!("xattr {}", show(name)));
+                let pos = items
+                    .binary_search_by(|(k, _)| k.cmp(&key))
+                    .map_err(|_| missing())?;
+                let mut all = DirItem::parse_all(&items[pos].1)?;
+                let i = all.iter().position(|d| d.name == name).ok_or_else(missing)?;
+                all.remove(i);
+                if all.is_empty() {
+                    items.remove(pos);
+                } else {
+                    let mut bytes = Vec::new();
+                    for d in &all {
+                        d.encode(&mut bytes);
+                    }
+                    items[pos].1 = bytes;
+                }
+                Ok(())
+            })
+        })?;
+        let now = Timespec::now();
+        self.change_inode(&mut w, id, |i| i.ctime = now)?;
+        Ok(())
+    }
+
+    /// Check that `id` is a real inode that may change.
+    fn writable_inode(&self, id: InodeId) -> Result<()> {
+        if id.ino == EMPTY_SUBVOL_DIR {
+            return Err(Error::ReadOnly(
+                "placeholder of an unreachable subvolume".into(),
+            ));
+        }
+        self.inode_item(id).map(|_| ())
+    }
+}
+
+/// Names the kernel stores as plain xattrs: the `user.`, `trusted.` and
+/// `security.` namespaces. ACLs (`system.`) and properties (`btrfs.`)
+/// have meanings this library does not implement yet.
+fn check_xattr_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name.len() > XATTR_NAME_MAX {
+        return Err(Error::Invalid(format!(
+            "xattr name of {} bytes (1 to {XATTR_NAME_MAX})",
+            name.len()
+        )));
+    }
+    if name.contains(&0) {
+        return Err(Error::Invalid("xattr name holds a NUL byte".into()));
+    }
+    let plain = [&b"user."[..], b"trusted.", b"security."];
+    match plain.iter().find(|p| name.starts_with(p)) {
+        Some(p) if name.len() > p.len() => Ok(()),
+        Some(_) => Err(Error::Invalid(format!("empty xattr name {}", show(name)))),
+        None => Err(Error::Unsupported(format!(
+            "xattr {}: only the user., trusted. and security. namespaces are supported",
+            show(name)
+        ))),
+    }
+}

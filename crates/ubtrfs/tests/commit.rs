@@ -1,0 +1,189 @@
+//! The commit's I/O discipline (seed 004): dirty blocks, one flush per
+//! device, the primary superblock with FUA, then the mirrors; and images
+//! the writer commits pass `btrfs check` and mount in the kernel.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use ubtrfs::device::Counters;
+use ubtrfs::fs::{Filesystem, NewInode};
+
+fn mkfs(dir: &Path, args: &[&str], n: usize, size: u64) -> Vec<PathBuf> {
+    let imgs: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("d{i}.img"))).collect();
+    for p in &imgs {
+        std::fs::File::create(p).unwrap().set_len(size).unwrap();
+    }
+    let out = Command::new("mkfs.btrfs")
+        .arg("-q")
+        .arg("-f")
+        .args(args)
+        .args(&imgs)
+        .output()
+        .expect("mkfs.btrfs runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    imgs
+}
+
+fn check(imgs: &[PathBuf]) {
+    let out = Command::new("btrfs")
+        .args(["check", "--readonly"])
+        .arg(&imgs[0])
+        .output()
+        .expect("btrfs check runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("no error found"),
+        "btrfs check:\n{text}"
+    );
+}
+
+/// (writes, flushes, fua writes) of every device so far.
+fn io(fs: &Filesystem) -> Vec<(u64, u64, u64)> {
+    fs.tree_reader()
+        .volume()
+        .devices
+        .iter()
+        .map(|(_, d)| {
+            let c = d.counters();
+            (
+                Counters::get(&c.writes),
+                Counters::get(&c.flushes),
+                Counters::get(&c.fua_writes),
+            )
+        })
+        .collect()
+}
+
+fn file(mode: u32) -> NewInode {
+    NewInode {
+        mode: libc::S_IFREG | mode,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+    }
+}
+
+#[test]
+fn a_commit_flushes_once_then_writes_the_superblock_with_fua() {
+    let dir = tempfile::tempdir().unwrap();
+    let imgs = mkfs(dir.path(), &[], 1, 300 << 20);
+    let fs = Filesystem::open_read_write(&imgs).unwrap();
+    let before = io(&fs);
+    // Nothing changed: a commit does no I/O at all.
+    fs.commit().unwrap();
+    assert_eq!(io(&fs), before);
+    let f = fs.create(fs.root(), b"f", file(0o644)).unwrap();
+    fs.write(f.id, 0, &vec![1u8; 100_000]).unwrap();
+    let mid = io(&fs);
+    fs.commit().unwrap();
+    let after = io(&fs);
+    let (w0, f0, u0) = mid[0];
+    let (w1, f1, u1) = after[0];
+    assert_eq!(f1 - f0, 1, "one flush per commit");
+    assert_eq!(u1 - u0, 1, "the primary superblock is the one FUA write");
+    // Writeback of the file (one data extent, single profile), the tree
+    // blocks (DUP metadata: two copies each), then one superblock mirror.
+    let blocks = w1 - w0 - 1 - 1;
+    assert!(blocks >= 2 && blocks % 2 == 0, "{blocks} tree block writes");
+    drop(fs);
+    check(&imgs);
+}
+
+#[test]
+fn two_devices_each_get_one_flush_and_one_fua() {
+    let dir = tempfile::tempdir().unwrap();
+    let imgs = mkfs(dir.path(), &["-d", "raid1", "-m", "raid1"], 2, 300 << 20);
+    let fs = Filesystem::open_read_write(&imgs).unwrap();
+    let f = fs.create(fs.root(), b"f", file(0o600)).unwrap();
+    fs.write(f.id, 4096, b"mirrored").unwrap();
+    let mid = io(&fs);
+    fs.commit().unwrap();
+    let after = io(&fs);
+    for (m, a) in mid.iter().zip(&after) {
+        assert_eq!(a.1 - m.1, 1);
+        assert_eq!(a.2 - m.2, 1);
+    }
+    drop(fs);
+    check(&imgs);
+    // One device alone (a degraded read) still has the data.
+    let fs = Filesystem::open(&imgs[..1]).unwrap();
+    let id = fs.resolve_path(b"/f").unwrap();
+    let mut want = vec![0u8; 4096];
+    want.extend_from_slice(b"mirrored");
+    assert_eq!(fs.read_all(id).unwrap(), want);
+}
+
+#[test]
+fn uncommitted_changes_are_not_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let imgs = mkfs(dir.path(), &[], 1, 300 << 20);
+    {
+        let fs = Filesystem::open_read_write(&imgs).unwrap();
+        fs.mkdir(fs.root(), b"kept", 0o755, 0, 0).unwrap();
+        fs.commit().unwrap();
+        fs.mkdir(fs.root(), b"lost", 0o755, 0, 0).unwrap();
+        // Seen before the commit, by this process.
+        assert!(fs.resolve_path(b"/lost").is_ok());
+        // Dropped without a commit: a crash at this point.
+    }
+    check(&imgs);
+    let fs = Filesystem::open(&imgs).unwrap();
+    assert!(fs.resolve_path(b"/kept").is_ok());
+    assert!(fs.resolve_path(b"/lost").is_err());
+}
+
+#[test]
+fn filling_the_disk_gives_enospc_and_deleting_still_works() {
+    let dir = tempfile::tempdir().unwrap();
+    let imgs = mkfs(dir.path(), &[], 1, 256 << 20);
+    let fs = Filesystem::open_read_write(&imgs).unwrap();
+    let root = fs.root();
+    let chunk = vec![0x5au8; 8 << 20];
+    let mut n = 0;
+    let err = loop {
+        let f = fs
+            .create(root, format!("f{n}").as_bytes(), file(0o644))
+            .unwrap();
+        if let Err(e) = fs.write(f.id, 0, &chunk) {
+            break e;
+        }
+        n += 1;
+        assert!(n < 100, "a 256 MiB filesystem took {n} files of 8 MiB");
+    };
+    assert_eq!(err.errno(), libc::ENOSPC, "{err}");
+    // Small files until metadata or data runs out.
+    let mut small = 0;
+    while fs
+        .create(root, format!("s{small}").as_bytes(), file(0o644))
+        .and_then(|f| fs.write(f.id, 0, b"x"))
+        .is_ok()
+    {
+        small += 1;
+        if small > 200_000 {
+            break;
+        }
+    }
+    fs.commit().unwrap();
+    for i in 0..n {
+        fs.unlink(root, format!("f{i}").as_bytes()).unwrap();
+    }
+    fs.commit().unwrap();
+    let f = fs.create(root, b"again", file(0o644)).unwrap();
+    fs.write(f.id, 0, &chunk).unwrap();
+    fs.commit().unwrap();
+    drop(fs);
+    check(&imgs);
+    let fs = Filesystem::open(&imgs).unwrap();
+    assert_eq!(
+        fs.read_all(fs.resolve_path(b"/again").unwrap()).unwrap(),
+        chunk
+    );
+    assert!(fs.resolve_path(b"/f0").is_err());
+}

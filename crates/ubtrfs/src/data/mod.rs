@@ -3,6 +3,8 @@
 
 pub mod compression;
 pub mod delalloc;
+mod nocow;
 pub mod ordered;
 mod read;
+mod truncate;
 pub mod write;

@@ -149,31 +149,56 @@ impl Filesystem {
                 i.nbytes = i.nbytes.saturating_sub(removed) + size
             })?;
         } else {
+            let nocow = inode.flags & INODE_NODATACOW != 0;
             for run in &runs {
                 let len = run.data.len() as u64;
-                let pieces = self.reserve_data(w, len)?;
-                let removed = self.drop_range(w, id, run.offset, run.offset + len)?;
-                let mut added = 0;
-                let mut done = 0usize;
-                for (disk, plen) in pieces {
-                    let oe = OrderedExtent::new(
-                        id,
-                        run.offset + done as u64,
-                        disk,
-                        run.data[done..done + plen as usize].to_vec(),
-                    );
-                    added += self.complete_ordered(w, oe)?;
-                    done += plen as usize;
+                let segs = if nocow {
+                    self.nocow_segments(id, run.offset, len)?
+                } else {
+                    vec![super::nocow::Segment {
+                        offset: run.offset,
+                        len,
+                        in_place: None,
+                    }]
+                };
+                for seg in segs {
+                    let from = (seg.offset - run.offset) as usize;
+                    let bytes = &run.data[from..from + seg.len as usize];
+                    match seg.in_place {
+                        // The extent stays; only its bytes change.
+                        Some(at) => self.tree_reader().volume().write(at, bytes)?,
+                        None => self.cow_range(w, id, seg.offset, bytes)?,
+                    }
                 }
-                self.change_inode(w, id, |i| {
-                    i.nbytes = i.nbytes.saturating_sub(removed) + added
-                })?;
             }
             if !self.superblock().no_holes() {
                 self.fill_holes(w, id, size)?;
             }
         }
         self.delalloc().discard(id);
+        Ok(())
+    }
+
+    /// Write `data` at `offset` into new extents, replacing what was there.
+    fn cow_range(&self, w: &mut Writer, id: InodeId, offset: u64, data: &[u8]) -> Result<()> {
+        let len = data.len() as u64;
+        let pieces = self.reserve_data(w, len)?;
+        let removed = self.drop_range(w, id, offset, offset + len)?;
+        let mut added = 0;
+        let mut done = 0usize;
+        for (disk, plen) in pieces {
+            let oe = OrderedExtent::new(
+                id,
+                offset + done as u64,
+                disk,
+                data[done..done + plen as usize].to_vec(),
+            );
+            added += self.complete_ordered(w, oe)?;
+            done += plen as usize;
+        }
+        self.change_inode(w, id, |i| {
+            i.nbytes = i.nbytes.saturating_sub(removed) + added
+        })?;
         Ok(())
     }
 

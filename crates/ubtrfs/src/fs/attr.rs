@@ -58,8 +58,8 @@ impl Filesystem {
         }
         let now = Timespec::now();
         let item = self.inode_item(id)?;
-        let mut changed = false;
-        if let Some(size) = attr.size {
+        let resize = attr.size.filter(|&s| s != item.size);
+        if attr.size.is_some() {
             match FileKind::from_mode(item.mode) {
                 Some(FileKind::File) => {}
                 Some(FileKind::Dir) => return Err(Error::IsDir(format!("inode {}", id.ino))),
@@ -70,10 +70,6 @@ impl Filesystem {
                     )));
                 }
             }
-            if size != item.size {
-                self.truncate_at(id, size, now)?;
-            }
-            changed = true;
         }
         let others = attr.mode.is_some()
             || attr.uid.is_some()
@@ -81,8 +77,20 @@ impl Filesystem {
             || attr.atime.is_some()
             || attr.mtime.is_some()
             || attr.ctime.is_some();
-        if others || (changed && attr.size != Some(item.size)) {
-            let mut w = self.writer_deleting()?;
+        if resize.is_none() && !others {
+            return Stat::from_item(id, &item).ok_or_else(|| {
+                Error::corrupt(format!("inode {} has mode {:#o}", id.ino, item.mode))
+            });
+        }
+        // Growing may need space; everything else may use the reserve.
+        let mut w = match resize {
+            Some(s) if s > item.size => self.writer()?,
+            _ => self.writer_deleting()?,
+        };
+        if let Some(size) = resize {
+            self.truncate_locked(&mut w, id, size, now)?;
+        }
+        if others {
             self.change_inode(&mut w, id, |i| {
                 if let Some(m) = attr.mode {
                     i.mode = (i.mode & libc::S_IFMT) | (m & 0o7777);
@@ -102,6 +110,7 @@ impl Filesystem {
                 i.ctime = attr.ctime.unwrap_or(now);
             })?;
         }
+        drop(w);
         self.stat(id)
     }
 
@@ -199,7 +208,10 @@ impl Filesystem {
                     .binary_search_by(|(k, _)| k.cmp(&key))
                     .map_err(|_| missing())?;
                 let mut all = DirItem::parse_all(&items[pos].1)?;
-                let i = all.iter().position(|d| d.name == name).ok_or_else(missing)?;
+                let i = all
+                    .iter()
+                    .position(|d| d.name == name)
+                    .ok_or_else(missing)?;
                 all.remove(i);
                 if all.is_empty() {
                     items.remove(pos);

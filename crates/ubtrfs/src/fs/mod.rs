@@ -1,14 +1,19 @@
 //! The filesystem layer: subvolumes, inodes, directories, names and xattrs,
 //! on top of the trees. [`Filesystem`] is the library's entry point.
 
+mod attr;
 pub mod dir;
+mod flags;
 mod inode;
+mod links;
 mod namespace;
 mod open;
 mod subvol;
 mod xattr;
 
+pub use attr::{SetAttr, XATTR_CREATE, XATTR_REPLACE};
 pub use inode::{DirEntry, FileKind, InodeId, Stat};
+pub use links::{RENAME_EXCHANGE, RENAME_NOREPLACE};
 pub use namespace::NewInode;
 pub use open::{Filesystem, Geometry, StatFs};
 pub use subvol::SubvolInfo;

@@ -1,0 +1,125 @@
+//! No-COW overwrites: a file with the NODATACOW flag is rewritten in place
+//! where its extent is plain, referenced once, not shared with a snapshot,
+//! and has no checksums. The checksum question is asked with an early-exit
+//! existence check (seed 002), never by collecting the checksums.
+
+use crate::Result;
+use crate::csum_tree;
+use crate::format::Key;
+use crate::format::consts::*;
+use crate::format::items::{ExtentBody, FileExtentItem};
+use crate::fs::{Filesystem, InodeId};
+
+/// A piece of a file range: where it can be overwritten in place, if anywhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    /// File offset.
+    pub offset: u64,
+    /// Length.
+    pub len: u64,
+    /// Logical address to overwrite in place, or `None`: copy on write.
+    pub in_place: Option<u64>,
+}
+
+impl Filesystem {
+    /// Cut `[offset, offset + len)` of `id` into segments by extent, each
+    /// marked with where it can be written in place.
+    pub(crate) fn nocow_segments(
+        &self,
+        id: InodeId,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<Segment>> {
+        let end = offset + len;
+        let tree = self.fs_tree(id.subvol)?;
+        let last_snapshot = self
+            .find_root(id.subvol)?
+            .map_or(0, |(_, r)| r.last_snapshot);
+        let csums = self.csum_tree()?;
+        let extents = self.extent_tree_for_refs()?;
+        let first = tree
+            .get_le(&Key::new(id.ino, EXTENT_DATA_KEY, offset))?
+            .map(|it| it.key())
+            .filter(|k| k.objectid == id.ino && k.item_type == EXTENT_DATA_KEY)
+            .map_or(offset, |k| k.offset);
+        let mut out = Vec::new();
+        let mut cursor = offset;
+        for item in tree.range(
+            Key::new(id.ino, EXTENT_DATA_KEY, first),
+            Key::new(id.ino, EXTENT_DATA_KEY, end - 1),
+        )? {
+            let item = item?;
+            let k = item.key().offset;
+            let fe = FileExtentItem::parse(item.data())?;
+            let (lo, hi) = (k.max(cursor), (k + fe.len()).min(end));
+            if lo >= hi {
+                continue;
+            }
+            if lo > cursor {
+                out.push(Segment {
+                    offset: cursor,
+                    len: lo - cursor,
+                    in_place: None,
+                });
+            }
+            let mut in_place = None;
+            if let ExtentBody::Regular {
+                disk_bytenr,
+                disk_num_bytes,
+                offset: eoff,
+                ..
+            } = fe.body
+                && disk_bytenr != 0
+                && fe.extent_type == FILE_EXTENT_REG
+                && fe.compression == COMPRESS_NONE
+                && fe.encryption == 0
+                && fe.generation > last_snapshot
+            {
+                let refs = match &extents {
+                    Some(t) => t
+                        .get(&Key::new(disk_bytenr, EXTENT_ITEM_KEY, disk_num_bytes))?
+                        .and_then(|it| {
+                            it.data()
+                                .get(..8)
+                                .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
+                        }),
+                    None => None,
+                };
+                let at = disk_bytenr + eoff + (lo - k);
+                let summed = match &csums {
+                    Some(t) => csum_tree::any_in_range(
+                        t,
+                        at,
+                        hi - lo,
+                        self.geometry().sectorsize,
+                        self.geometry().csum_size,
+                    )?,
+                    None => false,
+                };
+                if refs == Some(1) && !summed {
+                    in_place = Some(at);
+                }
+            }
+            out.push(Segment {
+                offset: lo,
+                len: hi - lo,
+                in_place,
+            });
+            cursor = hi;
+        }
+        if cursor < end {
+            out.push(Segment {
+                offset: cursor,
+                len: end - cursor,
+                in_place: None,
+            });
+        }
+        Ok(out)
+    }
+
+    fn extent_tree_for_refs(&self) -> Result<Option<crate::tree::Tree<'_>>> {
+        Ok(self
+            .root_ptr(EXTENT_TREE_OBJECTID)?
+            .map(|p| self.tree_reader().tree(p)))
+    }
+}

@@ -128,7 +128,11 @@ impl Writer {
 impl Filesystem {
     /// Open the filesystem on `devices` for reading and writing.
     pub fn open_read_write<P: AsRef<Path>>(devices: &[P]) -> Result<Self> {
-        let set = DeviceSet::open_read_write(devices)?;
+        Self::open_devices_read_write(DeviceSet::open_read_write(devices)?)
+    }
+
+    /// Open an assembled set of writable devices for reading and writing.
+    pub fn open_devices_read_write(set: DeviceSet) -> Result<Self> {
         let mut dev_supers = BTreeMap::new();
         for (devid, dev) in set.iter() {
             let (sb, _) = scan_device(dev.as_ref())?;

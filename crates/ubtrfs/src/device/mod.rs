@@ -2,8 +2,12 @@
 //! at offsets, flushes its cache, and can write with FUA.
 
 mod file;
+mod memory;
+pub mod recording;
 
 pub use file::FileDevice;
+pub use memory::MemDevice;
+pub use recording::RecordingDevice;
 
 use crate::Result;
 use std::path::Path;

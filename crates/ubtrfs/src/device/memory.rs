@@ -1,0 +1,92 @@
+//! A device held in memory: for tests, fuzzing and image building.
+
+use super::{Counters, Device};
+use crate::{Error, Result};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+/// Bytes in memory, behaving like a disk whose cache never loses anything.
+#[derive(Debug)]
+pub struct MemDevice {
+    name: PathBuf,
+    data: Mutex<Vec<u8>>,
+    counters: Counters,
+}
+
+impl MemDevice {
+    /// A device holding `data`; `name` appears in messages.
+    pub fn new(name: impl Into<PathBuf>, data: Vec<u8>) -> Self {
+        MemDevice {
+            name: name.into(),
+            data: Mutex::new(data),
+            counters: Counters::default(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<u8>> {
+        self.data.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A copy of the current contents.
+    pub fn snapshot(&self) -> Vec<u8> {
+        self.lock().clone()
+    }
+}
+
+impl Device for MemDevice {
+    fn path(&self) -> &Path {
+        &self.name
+    }
+
+    fn size(&self) -> u64 {
+        self.lock().len() as u64
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let data = self.lock();
+        let end = offset
+            .checked_add(buf.len() as u64)
+            .filter(|&e| e <= data.len() as u64);
+        let Some(end) = end else {
+            return Err(Error::ShortRead {
+                path: self.name.clone(),
+                offset,
+                len: buf.len(),
+                size: data.len() as u64,
+            });
+        };
+        buf.copy_from_slice(&data[offset as usize..end as usize]);
+        Counters::add(&self.counters.reads, 1);
+        Ok(())
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
+        let mut data = self.lock();
+        let end = offset as usize + buf.len();
+        if end > data.len() {
+            return Err(Error::NoSpace(format!(
+                "{}: write past the end of the device",
+                self.name.display()
+            )));
+        }
+        data[offset as usize..end].copy_from_slice(buf);
+        Counters::add(&self.counters.writes, 1);
+        Counters::add(&self.counters.write_bytes, buf.len() as u64);
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<()> {
+        Counters::add(&self.counters.flushes, 1);
+        Ok(())
+    }
+
+    fn write_fua(&self, offset: u64, buf: &[u8]) -> Result<()> {
+        self.write_at(offset, buf)?;
+        Counters::add(&self.counters.fua_writes, 1);
+        Ok(())
+    }
+
+    fn counters(&self) -> &Counters {
+        &self.counters
+    }
+}

@@ -1,9 +1,28 @@
 //! The FUSE adapter: serves a [`ubtrfs::fs::Filesystem`] to the kernel
 //! through `fuser` (pure-Rust mount through `fusermount3`, no libfuse).
 //!
-//! Read-only for now: every operation that would change the filesystem
-//! answers `EROFS`; operations that are not implemented answer `ENOSYS`.
-//! None silently succeeds.
+//! Read-write or read-only. On a read-only mount every operation that
+//! would change the filesystem answers `EROFS`; operations that are not
+//! implemented answer `ENOSYS`. None silently succeeds.
+//!
+//! # Concurrency and transactions
+//!
+//! Requests are served by several threads. One lock orders them (see
+//! [`Served`]): reading handlers hold it shared, changing handlers and
+//! commits exclusive, so a reader never sees a change half made inside the
+//! running transaction. Changes gather in the library's running
+//! transaction, which is committed every `commit=` seconds by a timer
+//! thread, on `fsync`/`fsyncdir`, and once more at unmount
+//! ([`Served::finish`], from `destroy` and from the mount command).
+//!
+//! # Caching
+//!
+//! Writes go through to the library (no FUSE writeback cache: the kernel
+//! holds no dirty pages of its own). Every reply that creates or changes an
+//! inode carries its fresh attributes from the library, and the kernel
+//! drops what it cached for the other inodes an operation touches (the
+//! parent directories, the target of an unlink or rename); entries and
+//! attributes are cached for [`TTL`] only.
 //!
 //! # Inode numbers
 //!
@@ -27,6 +46,11 @@
 //! sequence number plus 2, so a listing resumes exactly where it stopped
 //! even if it was interrupted.
 
+mod served;
+mod write;
+
+pub use served::Served;
+
 use crate::util::rdev_to_fuse;
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags,
@@ -39,8 +63,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use ubtrfs::format::items::Timespec;
 use ubtrfs::fs::{FileKind, Filesystem, InodeId, Stat};
 
-/// How long the kernel may cache entries and attributes. The filesystem is
-/// read-only, so nothing changes under it.
+/// How long the kernel may cache entries and attributes. Short: a reply
+/// after a change is fresh, but the kernel is not told of every inode a
+/// change touches indirectly (a directory's size and times, say).
 const TTL: Duration = Duration::from_secs(1);
 /// Tree id of the top-level subvolume.
 const TOP_SUBVOL: u64 = 5;
@@ -52,21 +77,22 @@ const MAX_SUBVOL: u64 = (1 << (64 - INO_BITS)) - 1;
 /// First directory cookie of a real entry (1 and 2 are `.` and `..`).
 const COOKIE_BASE: u64 = 2;
 
-/// A read-only ubtrfs filesystem served over FUSE.
+/// A ubtrfs filesystem served over FUSE.
 pub struct FuseFs {
-    fs: Filesystem,
+    served: std::sync::Arc<Served>,
     root: InodeId,
     /// Data sector size: `st_blocks` counts whole sectors, as the kernel does.
     sectorsize: u64,
 }
 
 impl FuseFs {
-    /// Serve `fs`; its default subvolume's root becomes the mount's root.
-    pub fn new(fs: Filesystem) -> Self {
+    /// Serve `served`; its default subvolume's root becomes the mount's root.
+    pub fn new(served: std::sync::Arc<Served>) -> Self {
+        let fs = served.fs_unlocked();
         let root = fs.root();
         let sectorsize = u64::from(fs.superblock().sectorsize.max(512));
         FuseFs {
-            fs,
+            served,
             root,
             sectorsize,
         }
@@ -82,8 +108,8 @@ impl FuseFs {
         from_fuse(self.root, ino)
     }
 
-    fn stat(&self, ino: INodeNo) -> Result<Stat, Errno> {
-        self.fs.stat(self.inode_of(ino)).map_err(errno)
+    fn stat(&self, fs: &Filesystem, ino: INodeNo) -> Result<Stat, Errno> {
+        fs.stat(self.inode_of(ino)).map_err(errno)
     }
 
     /// The attributes the kernel sees for `st`.
@@ -110,27 +136,32 @@ impl FuseFs {
         })
     }
 
+    /// The entry reply for `st`: attributes and generation.
+    fn entry(&self, st: &Stat) -> Result<(FileAttr, Generation), Errno> {
+        Ok((self.attr(st)?, Generation(st.generation)))
+    }
+
     /// The inode `name` names in directory `dir`, including `.` and `..`.
-    fn child(&self, dir: InodeId, name: &[u8]) -> Result<InodeId, Errno> {
+    fn child(&self, fs: &Filesystem, dir: InodeId, name: &[u8]) -> Result<InodeId, Errno> {
         match name {
             b"." => Ok(dir),
-            b".." => self.fs.parent(dir).map_err(errno),
-            _ => Ok(self.fs.lookup(dir, name).map_err(errno)?.id),
+            b".." => fs.parent(dir).map_err(errno),
+            _ => Ok(fs.lookup(dir, name).map_err(errno)?.id),
         }
     }
 
     /// Entries of `dir` from cookie `offset` on, as (cookie, name, id, kind).
-    fn entries(&self, dir: InodeId, offset: u64) -> Result<Vec<Listed>, Errno> {
+    fn entries(&self, fs: &Filesystem, dir: InodeId, offset: u64) -> Result<Vec<Listed>, Errno> {
         let mut out = Vec::new();
         if offset < 1 {
             out.push((1, b".".to_vec(), dir, FileKind::Dir));
         }
         if offset < 2 {
-            let parent = self.fs.parent(dir).map_err(errno)?;
+            let parent = fs.parent(dir).map_err(errno)?;
             out.push((2, b"..".to_vec(), parent, FileKind::Dir));
         }
         let after = offset.saturating_sub(COOKIE_BASE);
-        for e in self.fs.read_dir(dir, after).map_err(errno)? {
+        for e in fs.read_dir(dir, after).map_err(errno)? {
             let cookie = e.index.checked_add(COOKIE_BASE).ok_or(Errno::EOVERFLOW)?;
             out.push((cookie, e.name, e.id, e.kind));
         }
@@ -190,6 +221,15 @@ fn errno(e: ubtrfs::Error) -> Errno {
     Errno::from_i32(code)
 }
 
+/// The errno for a library error from an xattr change: a missing xattr is
+/// `ENODATA` there, not `ENOENT` (the inode itself is known to exist).
+fn xattr_errno(e: ubtrfs::Error) -> Errno {
+    match e {
+        ubtrfs::Error::NotFound(_) => Errno::NO_XATTR,
+        e => errno(e),
+    }
+}
+
 fn file_type(kind: FileKind) -> FileType {
     match kind {
         FileKind::File => FileType::RegularFile,
@@ -234,8 +274,7 @@ fn reply_sized(reply: ReplyXattr, size: u32, data: &[u8]) {
 
 impl fuser::Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // Ask for what helps a read-only filesystem; a kernel without a
-        // capability simply keeps the default behaviour.
+        // A kernel without a capability simply keeps the default behaviour.
         for cap in [
             InitFlags::FUSE_DO_READDIRPLUS,
             InitFlags::FUSE_READDIRPLUS_AUTO,
@@ -249,39 +288,56 @@ impl fuser::Filesystem for FuseFs {
         Ok(())
     }
 
+    fn destroy(&mut self) {
+        // The session is over: the last commit. It runs once however often
+        // this is reached; the mount command reports its outcome.
+        if let Err(e) = self.served.finish() {
+            tracing::debug!("{e}");
+        }
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let result = self
-            .child(self.inode_of(parent), name.as_bytes())
-            .and_then(|id| self.fs.stat(id).map_err(errno))
-            .and_then(|st| Ok((self.attr(&st)?, st.generation)));
+        let result = self.served.read(|fs| {
+            let id = self.child(fs, self.inode_of(parent), name.as_bytes())?;
+            self.entry(&fs.stat(id).map_err(errno)?)
+        });
         match result {
-            Ok((attr, generation)) => reply.entry(&TTL, &attr, Generation(generation)),
+            Ok((attr, generation)) => reply.entry(&TTL, &attr, generation),
             Err(e) => reply.error(e),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.stat(ino).and_then(|st| self.attr(&st)) {
+        match self
+            .served
+            .read(|fs| self.stat(fs, ino))
+            .and_then(|st| self.attr(&st))
+        {
             Ok(attr) => reply.attr(&TTL, &attr),
             Err(e) => reply.error(e),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.fs.read_link(self.inode_of(ino)) {
+        match self.served.read(|fs| fs.read_link(self.inode_of(ino))) {
             Ok(target) => reply.data(&target),
             Err(e) => reply.error(errno(e)),
         }
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
+        let writing = flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0;
+        if writing && !self.served.writable() {
             return reply.error(Errno::EROFS);
         }
-        match self.stat(ino) {
+        match self.served.read(|fs| self.stat(fs, ino)) {
             Ok(st) if st.kind == FileKind::Dir => reply.error(Errno::EISDIR),
             // Nothing changes under a read-only mount: keep the page cache.
-            Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Ok(_) if !self.served.writable() => {
+                reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
+            }
+            // O_TRUNC reaches `setattr` first (no atomic O_TRUNC asked for).
+            Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
             Err(e) => reply.error(e),
         }
     }
@@ -297,7 +353,10 @@ impl fuser::Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.fs.read(self.inode_of(ino), offset, size as usize) {
+        match self
+            .served
+            .read(|fs| fs.read(self.inode_of(ino), offset, size as usize))
+        {
             Ok(data) => reply.data(&data),
             Err(e) => reply.error(errno(e)),
         }
@@ -325,21 +384,30 @@ impl fuser::Filesystem for FuseFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Called on every close(2). A read-only mount never holds dirty data,
-        // so there is truly nothing to write back.
+        // Called on every close(2). The adapter buffers nothing: each write
+        // was handed to the library before it was answered (no writeback
+        // cache), so there is nothing of this file left to pass on. Making
+        // it durable is fsync's job (close does not promise that).
         reply.ok();
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
-        // Read-only: nothing is ever dirty, so everything is already durable.
-        reply.ok();
+        // No log tree yet: an fsync commits the whole transaction. On a
+        // read-only mount nothing is ever dirty.
+        match self.served.commit("fsync") {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.stat(ino) {
+        match self.served.read(|fs| self.stat(fs, ino)) {
             Ok(st) if st.kind != FileKind::Dir => reply.error(Errno::ENOTDIR),
-            // The directory never changes: let the kernel cache listings.
-            Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_CACHE_DIR),
+            // A read-only directory never changes: let the kernel cache listings.
+            Ok(_) if !self.served.writable() => {
+                reply.opened(FileHandle(0), FopenFlags::FOPEN_CACHE_DIR)
+            }
+            Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
             Err(e) => reply.error(e),
         }
     }
@@ -352,7 +420,10 @@ impl fuser::Filesystem for FuseFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let entries = match self.entries(self.inode_of(ino), offset) {
+        let entries = match self
+            .served
+            .read(|fs| self.entries(fs, self.inode_of(ino), offset))
+        {
             Ok(e) => e,
             Err(e) => return reply.error(e),
         };
@@ -376,28 +447,23 @@ impl fuser::Filesystem for FuseFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let entries = match self.entries(self.inode_of(ino), offset) {
-            Ok(e) => e,
+        // Listing and attributes under one hold of the lock: one snapshot.
+        let listed = self.served.read(|fs| {
+            let entries = self.entries(fs, self.inode_of(ino), offset)?;
+            let mut out = Vec::with_capacity(entries.len());
+            for (cookie, name, id, _kind) in entries {
+                let st = fs.stat(id).map_err(errno)?;
+                out.push((cookie, name, self.entry(&st)?));
+            }
+            Ok::<_, Errno>(out)
+        });
+        let listed = match listed {
+            Ok(l) => l,
             Err(e) => return reply.error(e),
         };
-        for (cookie, name, id, _kind) in entries {
-            let st = match self.fs.stat(id) {
-                Ok(s) => s,
-                Err(e) => return reply.error(errno(e)),
-            };
-            let attr = match self.attr(&st) {
-                Ok(a) => a,
-                Err(e) => return reply.error(e),
-            };
+        for (cookie, name, (attr, generation)) in listed {
             let name = OsStr::from_bytes(&name);
-            if reply.add(
-                attr.ino,
-                cookie,
-                name,
-                &TTL,
-                &attr,
-                Generation(st.generation),
-            ) {
+            if reply.add(attr.ino, cookie, name, &TTL, &attr, generation) {
                 break;
             }
         }
@@ -423,12 +489,15 @@ impl fuser::Filesystem for FuseFs {
         _ds: bool,
         reply: ReplyEmpty,
     ) {
-        // Read-only: nothing is ever dirty.
-        reply.ok();
+        // As fsync: the whole transaction.
+        match self.served.commit("fsyncdir") {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let s = self.fs.statfs();
+        let s = self.served.read(|fs| fs.statfs());
         let bsize = u64::from(s.block_size.max(1));
         let free = s.free_bytes / bsize;
         reply.statfs(
@@ -444,7 +513,10 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        match self.fs.get_xattr(self.inode_of(ino), name.as_bytes()) {
+        match self
+            .served
+            .read(|fs| fs.get_xattr(self.inode_of(ino), name.as_bytes()))
+        {
             Ok(Some(value)) => reply_sized(reply, size, &value),
             Ok(None) => reply.error(Errno::NO_XATTR),
             Err(e) => reply.error(errno(e)),
@@ -452,7 +524,7 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        match self.fs.list_xattrs(self.inode_of(ino)) {
+        match self.served.read(|fs| fs.list_xattrs(self.inode_of(ino))) {
             Ok(names) => {
                 let mut list = Vec::new();
                 for n in names {
@@ -466,11 +538,11 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        let st = match self.stat(ino) {
+        let st = match self.served.read(|fs| self.stat(fs, ino)) {
             Ok(s) => s,
             Err(e) => return reply.error(e),
         };
-        if mask.contains(AccessFlags::W_OK) {
+        if mask.contains(AccessFlags::W_OK) && !self.served.writable() {
             return reply.error(Errno::EROFS);
         }
         if permitted(&st, req.uid(), req.gid(), mask) {
@@ -480,154 +552,237 @@ impl fuser::Filesystem for FuseFs {
         }
     }
 
-    // Everything below changes the filesystem: refused on a read-only mount.
+    // Everything below changes the filesystem (see `write.rs`): EROFS on a
+    // read-only mount.
 
     fn setattr(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
-        _size: Option<u64>,
-        _atime: Option<fuser::TimeOrNow>,
-        _mtime: Option<fuser::TimeOrNow>,
-        _ctime: Option<SystemTime>,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<fuser::TimeOrNow>,
+        mtime: Option<fuser::TimeOrNow>,
+        ctime: Option<SystemTime>,
         _fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
+        crtime: Option<SystemTime>,
+        chgtime: Option<SystemTime>,
+        bkuptime: Option<SystemTime>,
+        flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        reply.error(Errno::EROFS);
+        // Birth time, backup times and BSD flags come from macOS only.
+        if crtime.is_some() || chgtime.is_some() || bkuptime.is_some() || flags.is_some() {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
+        let change = write::Change {
+            mode,
+            uid,
+            gid,
+            size,
+            atime,
+            mtime,
+            ctime,
+        };
+        match self.do_setattr(ino, change) {
+            Ok(attr) => reply.attr(&TTL, &attr),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn mknod(
         &self,
-        _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _mode: u32,
-        _umask: u32,
-        _rdev: u32,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
         reply: ReplyEntry,
     ) {
-        reply.error(Errno::EROFS);
+        match self.do_create(req, parent, name, mode & !umask, rdev) {
+            Ok((attr, generation)) => reply.entry(&TTL, &attr, generation),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn mkdir(
         &self,
-        _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _mode: u32,
-        _umask: u32,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
-        reply.error(Errno::EROFS);
+        let mode = libc::S_IFDIR | (mode & !umask & 0o7777);
+        match self.do_create(req, parent, name, mode, 0) {
+            Ok((attr, generation)) => reply.entry(&TTL, &attr, generation),
+            Err(e) => reply.error(e),
+        }
     }
 
-    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::EROFS);
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let dir = self.inode_of(parent);
+        match self
+            .served
+            .write(|fs| fs.unlink(dir, name.as_bytes()).map_err(errno))
+        {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
     }
 
-    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::EROFS);
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let dir = self.inode_of(parent);
+        match self
+            .served
+            .write(|fs| fs.rmdir(dir, name.as_bytes()).map_err(errno))
+        {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn symlink(
         &self,
-        _req: &Request,
-        _parent: INodeNo,
-        _link_name: &OsStr,
-        _target: &std::path::Path,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &std::path::Path,
         reply: ReplyEntry,
     ) {
-        reply.error(Errno::EROFS);
+        match self.do_symlink(req, parent, link_name, target.as_os_str()) {
+            Ok((attr, generation)) => reply.entry(&TTL, &attr, generation),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn rename(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _newparent: INodeNo,
-        _newname: &OsStr,
-        _flags: fuser::RenameFlags,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::EROFS);
+        match self.do_rename(parent, name, newparent, newname, flags) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn link(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _newparent: INodeNo,
-        _newname: &OsStr,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        reply.error(Errno::EROFS);
+        let (id, dir) = (self.inode_of(ino), self.inode_of(newparent));
+        let result = self.served.write(|fs| {
+            let st = fs.link(id, dir, newname.as_bytes()).map_err(errno)?;
+            self.entry(&st)
+        });
+        match result {
+            Ok((attr, generation)) => reply.entry(&TTL, &attr, generation),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn write(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
-        _offset: u64,
-        _data: &[u8],
+        offset: u64,
+        data: &[u8],
         _write_flags: fuser::WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: fuser::ReplyWrite,
     ) {
-        reply.error(Errno::EROFS);
+        let id = self.inode_of(ino);
+        let result = self.served.write(|fs| {
+            let n = fs.write(id, offset, data).map_err(errno)?;
+            u32::try_from(n).map_err(|_| Errno::EOVERFLOW)
+        });
+        match result {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn setxattr(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _value: &[u8],
-        _flags: i32,
-        _position: u32,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        position: u32,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::EROFS);
+        match self.do_setxattr(ino, name, value, flags, position) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
     }
 
-    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::EROFS);
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let id = self.inode_of(ino);
+        match self
+            .served
+            .write(|fs| fs.remove_xattr(id, name.as_bytes()).map_err(xattr_errno))
+        {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn create(
         &self,
-        _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _mode: u32,
-        _umask: u32,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
         _flags: i32,
         reply: fuser::ReplyCreate,
     ) {
-        reply.error(Errno::EROFS);
+        match self.do_create(req, parent, name, mode & !umask, 0) {
+            Ok((attr, generation)) => {
+                reply.created(&TTL, &attr, generation, FileHandle(0), FopenFlags::empty())
+            }
+            Err(e) => reply.error(e),
+        }
     }
 
     fn fallocate(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
-        _offset: u64,
-        _length: u64,
-        _mode: i32,
+        offset: u64,
+        length: u64,
+        mode: i32,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::EROFS);
+        match self.do_fallocate(ino, offset, length, mode) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
     }
+
+    // Not implemented (the kernel falls back to its generic behaviour for
+    // these: copy_file_range copies through read and write, lseek treats
+    // the whole file as data). Answered here without fuser's default
+    // warning on every call.
 
     fn copy_file_range(
         &self,
@@ -642,11 +797,8 @@ impl fuser::Filesystem for FuseFs {
         _flags: fuser::CopyFileRangeFlags,
         reply: fuser::ReplyWrite,
     ) {
-        reply.error(Errno::EROFS);
+        reply.error(Errno::ENOSYS);
     }
-
-    // Not implemented (the kernel falls back to its generic behaviour for
-    // these). Answered here without fuser's default warning on every call.
 
     fn getlk(
         &self,
@@ -710,24 +862,27 @@ impl fuser::Filesystem for FuseFs {
     }
 }
 
-/// Whether `uid`/`gid` may access `st` with `mask` (read and execute only;
-/// the caller refuses writes). Supplementary groups are not known here;
-/// mounts use `default_permissions`, so the kernel makes the real check.
+/// Whether `uid`/`gid` may access `st` with `mask` (the caller refuses
+/// writes on a read-only mount). Supplementary groups are not known here;
+/// mounts use `default_permissions`, so the kernel makes the real check
+/// and does not ask this one.
 fn permitted(st: &Stat, uid: u32, gid: u32, mask: AccessFlags) -> bool {
-    let want = (if mask.contains(AccessFlags::R_OK) {
-        4
-    } else {
-        0
-    }) | (if mask.contains(AccessFlags::X_OK) {
-        1
-    } else {
-        0
-    });
+    let mut want = 0;
+    for (flag, bit) in [
+        (AccessFlags::R_OK, 4),
+        (AccessFlags::W_OK, 2),
+        (AccessFlags::X_OK, 1),
+    ] {
+        if mask.contains(flag) {
+            want |= bit;
+        }
+    }
     if want == 0 {
         return true;
     }
     if uid == 0 {
-        // Root reads anything and executes what has any execute bit (or a directory).
+        // Root reads and writes anything and executes what has any
+        // execute bit (or a directory).
         return want & 1 == 0 || st.kind == FileKind::Dir || st.mode & 0o111 != 0;
     }
     let bits = if uid == st.uid {

@@ -35,6 +35,8 @@ enum Command {
     Restore(cmd::restore::Args),
     /// Mount a filesystem through FUSE.
     Mount(cmd::mount::Args),
+    /// Make a new filesystem on one or more devices or image files.
+    Mkfs(Box<cmd::mkfs::Args>),
     /// Look at on-disk structures.
     #[command(subcommand)]
     Inspect(cmd::inspect::Command),
@@ -48,6 +50,7 @@ fn main() -> ExitCode {
         Command::Cat(args) => cmd::cat::run(args),
         Command::Restore(args) => cmd::restore::run(args, cli.verbose),
         Command::Mount(args) => cmd::mount::run(args),
+        Command::Mkfs(args) => cmd::mkfs::run(*args),
         Command::Inspect(command) => cmd::inspect::run(command),
     };
     match result {

@@ -105,6 +105,14 @@ pub fn rdev_to_fuse(rdev: u64) -> u32 {
     (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12)
 }
 
+/// A device number as FUSE carries it (see [`rdev_to_fuse`]) in the
+/// encoding btrfs stores.
+pub fn rdev_from_fuse(rdev: u32) -> u64 {
+    let major = (rdev >> 8) & 0xfff;
+    let minor = (rdev & 0xff) | ((rdev >> 12) & 0xfff00);
+    (u64::from(major) << 20) | u64::from(minor)
+}
+
 /// The device number as the host's `mknod` wants it.
 pub fn rdev_to_host(rdev: u64) -> libc::dev_t {
     let (major, minor) = rdev_split(rdev);
@@ -188,5 +196,10 @@ mod tests {
         let enc = rdev_to_fuse(314_642_800);
         assert_eq!((enc >> 8) & 0xfff, ma);
         assert_eq!((enc & 0xff) | ((enc >> 12) & !0xff), mi);
+        for rdev in [0, 1_048_579, 314_642_800, (0xfff << 20) | 0xf_ffff] {
+            assert_eq!(rdev_from_fuse(rdev_to_fuse(rdev)), rdev);
+        }
+        // What the kernel sends for makedev(8, 1).
+        assert_eq!(rdev_from_fuse(0x801), 8 << 20 | 1);
     }
 }

@@ -28,7 +28,6 @@ use crate::format::items::{
 use crate::format::key::Key;
 use crate::format::node::{Body, HEADER_SIZE, Header, ITEM_SIZE, KEY_PTR_SIZE, KeyPtr, Node};
 use crate::format::superblock::{SYS_CHUNK_ARRAY_MAX, Superblock};
-use crate::format::uuid_string;
 use crate::fs::dir::name_hash;
 use crate::volume::{ChunkMap, DeviceSet, Profile, Volume};
 use crate::{Error, Result};
@@ -1615,14 +1614,10 @@ pub fn human(bytes: u64) -> String {
     }
 }
 
-/// Print-friendly UUID of a report field.
-pub fn uuid_text(u: &[u8; 16]) -> String {
-    uuid_string(u)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::uuid_string;
 
     #[test]
     fn names_parse() {

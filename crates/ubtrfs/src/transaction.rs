@@ -527,7 +527,10 @@ impl Filesystem {
                 .get(*devid)
                 .ok_or_else(|| Error::Devices(format!("device {devid} vanished")))?;
             for (i, &off) in SUPER_OFFSETS.iter().enumerate() {
-                if off + SUPER_SIZE as u64 > dev.size() {
+                // Copies exist only inside the filesystem's part of the device.
+                let fs_size =
+                    u64::from_le_bytes(sb[0xc9 + 8..0xc9 + 16].try_into().unwrap_or_default());
+                if off + SUPER_SIZE as u64 > dev.size().min(fs_size) {
                     break;
                 }
                 put64(sb, 0x30, off);

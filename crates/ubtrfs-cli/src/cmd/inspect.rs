@@ -20,6 +20,8 @@ use ubtrfs::format::uuid_string;
 pub enum Command {
     /// Print the superblock of a device.
     DumpSuper(DumpSuperArgs),
+    /// Print tree blocks and their items, decoded.
+    DumpTree(super::dump_tree::DumpTreeArgs),
 }
 
 /// Arguments of `inspect dump-super`.
@@ -41,6 +43,7 @@ pub struct DumpSuperArgs {
 pub fn run(command: Command) -> Result<()> {
     match command {
         Command::DumpSuper(args) => dump_super(args),
+        Command::DumpTree(args) => super::dump_tree::run(args),
     }
 }
 

@@ -2,8 +2,10 @@
 //! devices are named on the command line and how a filesystem is opened.
 
 pub mod cat;
+pub mod dump_tree;
 pub mod inspect;
 pub mod ls;
+pub mod mkfs;
 pub mod mount;
 pub mod restore;
 

@@ -1,28 +1,43 @@
-//! `ubtrfs mount`: serve a filesystem through FUSE.
+//! `ubtrfs mount`: serve a filesystem through FUSE, read-write or
+//! read-only.
 //!
 //! Foreground by default; `--daemon` forks before anything else happens
 //! (while the process has one thread) and the parent exits 0 only once the
 //! child reports that the mount is up, or prints the child's error. SIGINT,
 //! SIGTERM and SIGHUP unmount the filesystem and end the process; so does
-//! `fusermount3 -u MOUNTPOINT` (or `umount`) from outside.
+//! `fusermount3 -u MOUNTPOINT` (or `umount`) from outside. Either way the
+//! last transaction is committed before the process exits, and the exit
+//! status says whether that commit succeeded.
 
-use super::{list, open_fs};
-use crate::fuse::FuseFs;
+use super::list;
+use crate::fuse::{FuseFs, Served};
 use anyhow::{Context, Result, anyhow, bail};
 use fuser::{Config, MountOption, SessionACL};
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use ubtrfs::fs::Filesystem;
+
+/// Seconds between periodic commits unless `-o commit=` says otherwise
+/// (the kernel's default).
+const DEFAULT_COMMIT_SECS: u64 = 30;
+/// Commit intervals above this draw a warning, as in the kernel.
+const MAX_QUIET_COMMIT_SECS: u64 = 300;
 
 /// Arguments of `mount`.
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\
-Mount options (-o, comma separated): ro, allow_other, allow_root, \
-auto_unmount, default_permissions, dev, nodev, suid, nosuid, exec, noexec, \
-atime, noatime, sync, async, dirsync, fsname=NAME, subtype=NAME. \
-The mount is always read-only, with default_permissions, and nodev,nosuid \
-unless dev or suid is given. Unmount with `fusermount3 -u MOUNTPOINT`, \
-Ctrl-C, or SIGTERM to the process.")]
+Mount options (-o, comma separated): ro, rw, commit=SECONDS, allow_other, \
+allow_root, auto_unmount, default_permissions, dev, nodev, suid, nosuid, \
+exec, noexec, atime, noatime, sync, async, dirsync, fsname=NAME, \
+subtype=NAME. \
+The mount is read-write unless --ro or ro is given; it always has \
+default_permissions, and nodev,nosuid unless dev or suid is given. \
+Changes are committed every commit=SECONDS (default 30), on fsync, and at \
+unmount. Unmount with `fusermount3 -u MOUNTPOINT`, Ctrl-C, or SIGTERM to \
+the process; the process exits non-zero if the last commit fails.")]
 pub struct Args {
     /// The filesystem's devices (all of them, any order).
     #[arg(required = true, value_name = "DEV")]
@@ -30,8 +45,7 @@ pub struct Args {
     /// The mount point (an existing directory).
     #[arg(value_name = "MOUNTPOINT")]
     mountpoint: PathBuf,
-    /// Mount read-only (required, or `-o ro`: read-write mounts are not
-    /// implemented yet).
+    /// Mount read-only (the same as `-o ro`).
     #[arg(long)]
     ro: bool,
     /// Detach into the background once the mount is up.
@@ -45,18 +59,18 @@ pub struct Args {
     threads: Option<u16>,
 }
 
+/// What the command line asks for besides fuser's configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Settings {
+    read_only: bool,
+    /// Time between periodic commits.
+    commit_interval: Duration,
+}
+
 /// Run `mount`.
 pub fn run(args: Args) -> Result<()> {
     let (devices, mountpoint) = (&args.devices, &args.mountpoint);
-    let config = mount_config(&args, devices)?;
-    let ro_option = args
-        .options
-        .iter()
-        .flat_map(|o| o.split(','))
-        .any(|o| o == "ro");
-    if !args.ro && !ro_option {
-        bail!("read-write mounts are not implemented yet; use --ro");
-    }
+    let (config, settings) = mount_config(&args, devices)?;
     let meta = std::fs::metadata(mountpoint)
         .with_context(|| format!("mount point {}", mountpoint.display()))?;
     if !meta.is_dir() {
@@ -67,21 +81,20 @@ pub fn run(args: Args) -> Result<()> {
         .with_context(|| format!("mount point {}", mountpoint.display()))?;
     if args.daemon {
         let notify = daemonize()?;
-        if serve(devices, &mountpoint, &config, Some(notify)).is_err() {
+        if serve(devices, &mountpoint, &config, settings, Some(notify)).is_err() {
             // The parent has printed the error (sent through the pipe) or,
             // once mounted, stderr is /dev/null: just report failure.
             std::process::exit(1);
         }
         Ok(())
     } else {
-        serve(devices, &mountpoint, &config, None)
+        serve(devices, &mountpoint, &config, settings, None)
     }
 }
 
-/// The fuser configuration from the command line.
-fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<Config> {
+/// The fuser configuration and our own settings from the command line.
+fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<(Config, Settings)> {
     let mut opts = vec![
-        MountOption::RO,
         MountOption::DefaultPermissions,
         MountOption::Subtype("ubtrfs".into()),
     ];
@@ -92,10 +105,20 @@ fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<Config> {
         .map(|d| d.display().to_string())
         .unwrap_or_default();
     let (mut dev, mut suid) = (false, false);
+    // The last of ro and rw wins, as for mount(8); --ro overrides both.
+    let mut read_only = false;
+    let mut commit_secs = DEFAULT_COMMIT_SECS;
     for opt in args.options.iter().flat_map(|o| o.split(',')) {
         let o = match opt {
-            "" | "ro" | "default_permissions" => continue,
-            "rw" => bail!("read-write mounts are not implemented yet; use --ro"),
+            "" | "default_permissions" => continue,
+            "ro" => {
+                read_only = true;
+                continue;
+            }
+            "rw" => {
+                read_only = false;
+                continue;
+            }
             "allow_other" => {
                 acl = SessionACL::All;
                 continue;
@@ -129,6 +152,10 @@ fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<Config> {
             "async" => MountOption::Async,
             "dirsync" => MountOption::DirSync,
             o => {
+                if let Some(secs) = o.strip_prefix("commit=") {
+                    commit_secs = parse_commit(secs)?;
+                    continue;
+                }
                 if let Some(name) = o.strip_prefix("fsname=") {
                     fsname = name.to_string();
                     continue;
@@ -144,6 +171,12 @@ fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<Config> {
         opts.retain(|x| x != &o);
         opts.push(o);
     }
+    read_only |= args.ro;
+    opts.push(if read_only {
+        MountOption::RO
+    } else {
+        MountOption::RW
+    });
     opts.push(if dev {
         MountOption::Dev
     } else {
@@ -159,6 +192,11 @@ fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<Config> {
     if opts.contains(&MountOption::AutoUnmount) && acl == SessionACL::Owner {
         bail!("auto_unmount needs allow_other or allow_root");
     }
+    if !read_only && commit_secs > MAX_QUIET_COMMIT_SECS {
+        tracing::warn!(
+            "commit interval of {commit_secs} s is long: up to that much work is lost on a crash"
+        );
+    }
     let threads = match args.threads {
         Some(n) => usize::from(n),
         None => std::thread::available_parallelism()
@@ -171,30 +209,67 @@ fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<Config> {
     config.n_threads = Some(threads);
     // One /dev/fuse descriptor per thread, so they do not contend on one queue.
     config.clone_fd = true;
-    Ok(config)
+    let settings = Settings {
+        read_only,
+        commit_interval: Duration::from_secs(commit_secs),
+    };
+    Ok((config, settings))
 }
 
-/// Open, mount and serve until unmounted. With `notify`, report "mounted"
-/// (or the error) to the waiting parent and detach from the terminal.
+/// The value of `commit=`: whole seconds; 0 means the default, as in the
+/// kernel.
+fn parse_commit(secs: &str) -> Result<u64> {
+    let n: u64 = secs
+        .parse()
+        .map_err(|_| anyhow!("mount option commit={secs:?}: expected a whole number of seconds"))?;
+    if n > u64::from(u32::MAX) {
+        bail!("mount option commit={secs}: too long");
+    }
+    Ok(if n == 0 { DEFAULT_COMMIT_SECS } else { n })
+}
+
+/// Open the filesystem, read-write unless `read_only`, and print the
+/// library's warnings on stderr.
+fn open_fs(devices: &[PathBuf], read_only: bool) -> Result<Filesystem> {
+    if read_only {
+        return super::open_fs(devices);
+    }
+    let fs = Filesystem::open_read_write(devices).with_context(|| {
+        format!(
+            "cannot open a btrfs filesystem on {} for writing (--ro mounts it read-only)",
+            list(devices)
+        )
+    })?;
+    for warning in fs.warnings() {
+        eprintln!("ubtrfs: warning: {warning}");
+    }
+    Ok(fs)
+}
+
+/// Open, mount and serve until unmounted, then make the last commit. With
+/// `notify`, report "mounted" (or the error) to the waiting parent and
+/// detach from the terminal.
 fn serve(
     devices: &[PathBuf],
     mountpoint: &Path,
     config: &Config,
+    settings: Settings,
     mut notify: Option<std::fs::File>,
 ) -> Result<()> {
     // Block the signals in this thread before any other thread exists, so
     // every thread inherits the mask and only the waiter below sees them.
     let signals = block_signals()?;
     let mounted = (|| -> Result<_> {
-        let fs = open_fs(devices)?;
-        let mut session =
-            fuser::Session::new(FuseFs::new(fs), mountpoint, config).with_context(|| {
+        let fs = open_fs(devices, settings.read_only)?;
+        let served = Arc::new(Served::new(fs, !settings.read_only));
+        let mut session = fuser::Session::new(FuseFs::new(Arc::clone(&served)), mountpoint, config)
+            .with_context(|| {
                 format!("cannot mount {} on {}", list(devices), mountpoint.display())
             })?;
         let unmounter = session.unmount_callable();
-        Ok((session, unmounter))
+        Ok((session, unmounter, served))
     })();
-    let (session, unmounter) = match mounted {
+    let (session, unmounter, served) = match mounted {
         Ok(m) => m,
         Err(e) => {
             if let Some(mut pipe) = notify.take() {
@@ -204,23 +279,42 @@ fn serve(
         }
     };
     tracing::info!(
-        "mounted {} on {} (read-only)",
+        "mounted {} on {} ({})",
         list(devices),
-        mountpoint.display()
+        mountpoint.display(),
+        if settings.read_only {
+            "read-only".to_string()
+        } else {
+            format!(
+                "read-write, commit every {} s",
+                settings.commit_interval.as_secs()
+            )
+        }
     );
+    served
+        .start_commit_timer(settings.commit_interval)
+        .context("cannot start the commit thread")?;
     let mp = mountpoint.to_path_buf();
+    let for_signals = Arc::clone(&served);
     std::thread::Builder::new()
         .name("signals".into())
-        .spawn(move || wait_for_signals(signals, unmounter, &mp))
+        .spawn(move || wait_for_signals(signals, unmounter, &mp, &for_signals))
         .context("cannot start the signal thread")?;
     if let Some(mut pipe) = notify.take() {
         let _ = pipe.write_all(b"ok");
         drop(pipe);
         detach_stdio();
     }
-    session
-        .run()
-        .with_context(|| format!("serving {}", mountpoint.display()))?;
+    let ran = session.run();
+    // Normally `destroy` made the last commit already; this returns its
+    // outcome, or makes it if the session ended without `destroy`.
+    let committed = served.finish();
+    if let (Err(e), Err(_)) = (&ran, &committed) {
+        // Reported here: the error returned is the lost commit.
+        tracing::error!("serving {}: {e}", mountpoint.display());
+    }
+    committed.map_err(|e| anyhow!("{} on {}: {e}", list(devices), mountpoint.display()))?;
+    ran.with_context(|| format!("serving {}", mountpoint.display()))?;
     tracing::info!("{} unmounted", mountpoint.display());
     Ok(())
 }
@@ -245,8 +339,15 @@ fn block_signals() -> Result<libc::sigset_t> {
     }
 }
 
-/// Wait for a stop signal and unmount; a second signal ends the process at once.
-fn wait_for_signals(set: libc::sigset_t, mut unmounter: fuser::SessionUnmounter, mp: &Path) {
+/// Wait for a stop signal and unmount (the session then ends and the last
+/// commit follows). A second signal does not wait for the unmount: it
+/// makes the last commit at once, detaches the mount lazily and exits.
+fn wait_for_signals(
+    set: libc::sigset_t,
+    mut unmounter: fuser::SessionUnmounter,
+    mp: &Path,
+    served: &Served,
+) {
     let mut first = true;
     loop {
         let mut sig: libc::c_int = 0;
@@ -255,8 +356,18 @@ fn wait_for_signals(set: libc::sigset_t, mut unmounter: fuser::SessionUnmounter,
             continue;
         }
         if !first {
-            tracing::warn!("second signal {sig}: exiting without waiting for the unmount");
-            std::process::exit(128 + sig);
+            tracing::warn!(
+                "second signal {sig}: committing and exiting without waiting for the unmount"
+            );
+            let committed = served.finish();
+            lazy_unmount(mp);
+            match committed {
+                Ok(()) => std::process::exit(128 + sig),
+                Err(e) => {
+                    eprintln!("ubtrfs: error: {}: {e}", mp.display());
+                    std::process::exit(1);
+                }
+            }
         }
         first = false;
         tracing::info!("signal {sig}: unmounting {}", mp.display());

@@ -40,7 +40,9 @@ DESTDIR is created if missing; then, and only then, it also gets the \
 attributes of the restored directory. Existing directories are merged into; \
 an existing file is an error unless --overwrite is given. Ownership and \
 trusted.*/security.* attributes need root: without it they are skipped with \
-a warning. Use -v to list each path as it is restored.")]
+a warning. Properties (btrfs.* attributes such as btrfs.compression) are kept \
+only when DESTDIR is on btrfs; elsewhere they are skipped with a warning. \
+Use -v to list each path as it is restored.")]
 pub struct Args {
     /// The filesystem's devices (all of them, any order).
     #[arg(required = true, value_name = "DEV")]
@@ -462,6 +464,12 @@ impl<'a> Restorer<'a> {
                 let privileged_ns = name.starts_with(b"trusted.") || name.starts_with(b"security.");
                 if e.raw_os_error() == Some(libc::EPERM) && privileged_ns && !self.privileged {
                     self.skip_once("trusted.* and security.* attributes were not restored (not running as root)");
+                } else if e.raw_os_error() == Some(libc::EOPNOTSUPP) && name.starts_with(b"btrfs.")
+                {
+                    // Properties such as btrfs.compression exist only on btrfs.
+                    self.skip_once(
+                        "btrfs.* properties were not restored (the destination is not btrfs)",
+                    );
                 } else {
                     self.error(
                         path,

@@ -204,14 +204,17 @@ impl Filesystem {
     }
 }
 
+/// Where one stripe of a new chunk goes: devid, physical offset, device uuid.
+type StripePlace = (u64, u64, [u8; 16]);
+
 /// Choose device ranges for a chunk of `size` bytes of `profile`: returns
-/// the stripes (devid, physical offset, device uuid), sub_stripes, and how
-/// many stripes hold distinct data. Takes the chosen space out of `devs`.
+/// the stripes, sub_stripes, and how many stripes hold distinct data.
+/// Takes the chosen space out of `devs`.
 fn plan_stripes(
     devs: &mut [DevSpace],
     profile: Profile,
     size: u64,
-) -> Option<(Vec<(u64, u64, [u8; 16])>, u16, u64)> {
+) -> Option<(Vec<StripePlace>, u16, u64)> {
     // Devices with the most free space first, as the kernel prefers.
     devs.sort_by_key(|d| std::cmp::Reverse(d.free.largest().map_or(0, |(_, l)| l)));
     let with_room = |devs: &[DevSpace], need: u64| {
@@ -232,7 +235,7 @@ fn plan_stripes(
         }
         Profile::Raid10 => {
             let n = (with_room(devs, size / 2) / 2 * 2) as u64;
-            if n < 4 {
+            if n < 2 {
                 return None;
             }
             (1, n, 2, n / 2)

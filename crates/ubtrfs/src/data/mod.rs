@@ -8,3 +8,5 @@ pub mod ordered;
 mod read;
 mod truncate;
 pub mod write;
+
+pub use truncate::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};

@@ -564,7 +564,7 @@ fn extent_csum(d: &mut Description, key: &Key, b: &[u8], ctx: &Ctx) -> Result<()
     d.fields
         .push(("end", Value::U64(key.offset.saturating_add(length))));
     d.fields.push(("length", Value::U64(length)));
-    if b.len() % size != 0 {
+    if (count as usize).saturating_mul(size) != b.len() {
         return Err(crate::Error::corrupt(format!(
             "{} bytes is not a multiple of the checksum size {size}",
             b.len()

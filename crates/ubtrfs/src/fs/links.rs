@@ -102,20 +102,24 @@ impl Filesystem {
         check_name(new_name)?;
         let mut w = self.writer()?;
         self.writable_dir(new_dir)?;
+        // The checks come in the order Linux makes them.
+        if self.lookup(new_dir, new_name).is_ok() {
+            return Err(Error::Exists(show(new_name)));
+        }
         let item = self.inode_item(inode)?;
         let kind = FileKind::from_mode(item.mode).ok_or_else(|| {
             Error::corrupt(format!("inode {} has mode {:#o}", inode.ino, item.mode))
         })?;
-        if kind == FileKind::Dir {
-            return Err(Error::NotPermitted(format!(
-                "hard link to directory {}",
-                inode.ino
-            )));
-        }
         if inode.subvol != new_dir.subvol {
             return Err(Error::CrossDevice(format!(
                 "hard link from subvolume {} into subvolume {}",
                 inode.subvol, new_dir.subvol
+            )));
+        }
+        if kind == FileKind::Dir {
+            return Err(Error::NotPermitted(format!(
+                "hard link to directory {}",
+                inode.ino
             )));
         }
         if item.nlink == 0 {
@@ -129,9 +133,6 @@ impl Filesystem {
                 "inode {} already has {} names",
                 inode.ino, item.nlink
             )));
-        }
-        if self.lookup(new_dir, new_name).is_ok() {
-            return Err(Error::Exists(show(new_name)));
         }
         let now = Timespec::now();
         self.add_name(&mut w, new_dir, new_name, inode, kind, now)?;
@@ -207,25 +208,47 @@ impl Filesystem {
         {
             return Err(Error::Unsupported("replacing a subvolume".into()));
         }
-        let now = Timespec::now();
-        if flags & RENAME_EXCHANGE != 0 {
-            let dst = dst.ok_or_else(|| Error::NotFound(show(new_name)))?;
-            if dst.id == src.id {
-                return Ok(());
+        let exchange = flags & RENAME_EXCHANGE != 0;
+        // The checks come in the order Linux makes them, so each failure
+        // has the errno a caller of rename(2) expects.
+        match &dst {
+            Some(_) if flags & RENAME_NOREPLACE != 0 => {
+                return Err(Error::Exists(show(new_name)));
             }
-            // Neither directory may end up inside itself.
-            if src.kind == FileKind::Dir && old_dir != new_dir && self.is_within(src.id, new_dir)? {
+            None if exchange => return Err(Error::NotFound(show(new_name))),
+            _ => {}
+        }
+        if old_dir != new_dir {
+            // A directory cannot move below itself...
+            if src.kind == FileKind::Dir && self.is_within(src.id, new_dir)? {
                 return Err(Error::Invalid(format!(
                     "cannot move directory {} inside itself",
                     show(old_name)
                 )));
             }
-            if dst.kind == FileKind::Dir && old_dir != new_dir && self.is_within(dst.id, old_dir)? {
-                return Err(Error::Invalid(format!(
-                    "cannot move directory {} inside itself",
-                    show(new_name)
-                )));
+            // ...nor replace one of the directories above it.
+            if let Some(d) = &dst
+                && d.kind == FileKind::Dir
+                && self.is_within(d.id, old_dir)?
+            {
+                return Err(if exchange {
+                    Error::Invalid(format!(
+                        "cannot move directory {} inside itself",
+                        show(new_name)
+                    ))
+                } else {
+                    Error::NotEmpty(show(new_name))
+                });
             }
+        }
+        if dst.as_ref().is_some_and(|d| d.id == src.id) {
+            return Ok(());
+        }
+        let now = Timespec::now();
+        if exchange {
+            let Some(dst) = dst else {
+                return Err(Error::NotFound(show(new_name)));
+            };
             self.remove_name(&mut w, old_dir, old_name, now)?;
             self.remove_name(&mut w, new_dir, new_name, now)?;
             self.add_name(&mut w, old_dir, old_name, dst.id, dst.kind, now)?;
@@ -236,12 +259,6 @@ impl Filesystem {
             return Ok(());
         }
         if let Some(d) = &dst {
-            if flags & RENAME_NOREPLACE != 0 {
-                return Err(Error::Exists(show(new_name)));
-            }
-            if d.id == src.id {
-                return Ok(());
-            }
             match (src.kind == FileKind::Dir, d.kind == FileKind::Dir) {
                 (true, false) => return Err(Error::NotDir(show(new_name))),
                 (false, true) => return Err(Error::IsDir(show(new_name))),
@@ -250,12 +267,6 @@ impl Filesystem {
                 }
                 _ => {}
             }
-        }
-        if src.kind == FileKind::Dir && old_dir != new_dir && self.is_within(src.id, new_dir)? {
-            return Err(Error::Invalid(format!(
-                "cannot move directory {} inside itself",
-                show(old_name)
-            )));
         }
         if let Some(d) = dst {
             self.remove_name(&mut w, new_dir, new_name, now)?;

@@ -89,7 +89,9 @@ impl Chunk {
             Profile::Single | Profile::Raid0 => 1,
             Profile::Dup | Profile::Raid1 | Profile::Raid5 => 2,
             Profile::Raid1c3 | Profile::Raid6 => 3,
-            Profile::Raid1c4 | Profile::Raid10 => 4,
+            Profile::Raid1c4 => 4,
+            // Two devices are enough for RAID10 (one stripe pair).
+            Profile::Raid10 => 2,
         };
         if n < min {
             return Err(bad("too few stripes"));

@@ -24,6 +24,12 @@ pub fn scan_device(dev: &dyn Device) -> Result<(Superblock, Vec<String>)> {
             .and_then(|_| Superblock::parse(&buf, off));
         match parsed {
             Ok(sb) => {
+                // A valid primary wins, as in the kernel; mirrors stand in
+                // only for a bad primary (a stale mirror of an older,
+                // larger filesystem must not win on generation).
+                if i == 0 {
+                    return Ok((sb, Vec::new()));
+                }
                 if best.as_ref().is_none_or(|b| sb.generation > b.generation) {
                     best = Some(sb);
                 }

@@ -1,0 +1,223 @@
+//! The filesystem being served, shared by the FUSE handlers, the commit
+//! timer and the mount command: one lock that keeps readers out of a
+//! running change, the transaction commits (periodic, on fsync, and the
+//! last one at unmount), and what happens when a commit fails.
+
+use fuser::Errno;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+use ubtrfs::fs::Filesystem;
+
+/// A [`Filesystem`] and the state around it while it is mounted.
+pub struct Served {
+    fs: Filesystem,
+    /// Read handlers hold it shared, write handlers and commits exclusive:
+    /// the library's readers must not see a change half made, inside the
+    /// running transaction.
+    lock: RwLock<()>,
+    /// Opened read-write (else every change is refused with `EROFS`).
+    writable: bool,
+    /// No more changes are taken: the last commit ran, or a commit failed.
+    /// Only changed under the exclusive lock.
+    closed: AtomicBool,
+    /// Why a commit failed, once one has. Like the kernel's btrfs after an
+    /// aborted transaction, the filesystem then refuses every change: what
+    /// the failed transaction held is lost, what was committed before is
+    /// intact on disk.
+    failure: Mutex<Option<String>>,
+    /// Set, with the condition variable notified, to stop the commit timer.
+    stop: (Mutex<bool>, Condvar),
+    timer: Mutex<Option<JoinHandle<()>>>,
+    /// The outcome of the last commit, made once by [`Served::finish`].
+    last: OnceLock<Result<(), String>>,
+}
+
+impl Served {
+    /// Serve `fs`, opened read-write if `writable`.
+    pub fn new(fs: Filesystem, writable: bool) -> Self {
+        Served {
+            fs,
+            lock: RwLock::new(()),
+            writable,
+            closed: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            stop: (Mutex::new(false), Condvar::new()),
+            timer: Mutex::new(None),
+            last: OnceLock::new(),
+        }
+    }
+
+    /// The filesystem, without the lock: only for what never changes
+    /// (the superblock, the geometry, the root's identity).
+    pub fn fs_unlocked(&self) -> &Filesystem {
+        &self.fs
+    }
+
+    /// Whether changes are accepted at all (a read-write mount).
+    pub fn writable(&self) -> bool {
+        self.writable
+    }
+
+    /// Run a reading operation, shut out of any running change.
+    pub fn read<T>(&self, f: impl FnOnce(&Filesystem) -> T) -> T {
+        let _shared = self.lock.read().unwrap_or_else(|e| e.into_inner());
+        f(&self.fs)
+    }
+
+    /// Run a changing operation alone. `EROFS` on a read-only mount, after
+    /// the last commit, and after a failed commit.
+    pub fn write<T>(&self, f: impl FnOnce(&Filesystem) -> Result<T, Errno>) -> Result<T, Errno> {
+        if !self.writable {
+            return Err(Errno::EROFS);
+        }
+        let _alone = self.lock.write().unwrap_or_else(|e| e.into_inner());
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Errno::EROFS);
+        }
+        f(&self.fs)
+    }
+
+    /// Commit the running transaction (`why` is for the log). A read-only
+    /// mount has nothing to commit. A failure is logged, closes the
+    /// filesystem to changes and answers `EIO`.
+    pub fn commit(&self, why: &str) -> Result<(), Errno> {
+        if !self.writable {
+            return Ok(());
+        }
+        let _alone = self.lock.write().unwrap_or_else(|e| e.into_inner());
+        if self.closed.load(Ordering::Acquire) {
+            // Either everything is committed already (after the last
+            // commit nothing can change), or a commit failed.
+            return match self.failure() {
+                Some(_) => Err(Errno::EIO),
+                None => Ok(()),
+            };
+        }
+        match self.fs.commit() {
+            Ok(()) => {
+                tracing::debug!("committed ({why})");
+                Ok(())
+            }
+            Err(e) => {
+                let msg = error_text(&e);
+                tracing::error!(
+                    "{why} commit failed: {msg}; the filesystem takes no more changes, and those since the last commit are lost"
+                );
+                self.fail(msg);
+                Err(Errno::EIO)
+            }
+        }
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Record a failed commit; called under the exclusive lock.
+    fn fail(&self, msg: String) {
+        self.failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(msg);
+        self.closed.store(true, Ordering::Release);
+    }
+
+    /// Commit every `interval` from a thread of its own, until
+    /// [`Served::finish`]. Nothing to do on a read-only mount.
+    pub fn start_commit_timer(self: &Arc<Self>, interval: Duration) -> std::io::Result<()> {
+        if !self.writable {
+            return Ok(());
+        }
+        let me = Arc::clone(self);
+        let handle = std::thread::Builder::new()
+            .name("commit".into())
+            .spawn(move || me.commit_loop(interval))?;
+        *self.timer.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
+        Ok(())
+    }
+
+    fn commit_loop(&self, interval: Duration) {
+        let (stopped, wake) = &self.stop;
+        let mut stop = stopped.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            stop = wake
+                .wait_timeout_while(stop, interval, |s| !*s)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            if *stop {
+                return;
+            }
+            drop(stop);
+            // A failure is logged and closes the filesystem; the timer goes
+            // on (its commits then answer at once).
+            let _ = self.commit("periodic");
+            stop = stopped.lock().unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// The last commit: stop the timer, commit what is left and take no
+    /// more changes. Runs once; later calls (from the FUSE `destroy` and
+    /// from the mount command after the session ends, or a second signal)
+    /// wait for that one and return its outcome. An error names what
+    /// failed; the changes since the last successful commit are then lost.
+    pub fn finish(&self) -> Result<(), String> {
+        self.last
+            .get_or_init(|| {
+                {
+                    let (stopped, wake) = &self.stop;
+                    *stopped.lock().unwrap_or_else(|e| e.into_inner()) = true;
+                    wake.notify_all();
+                }
+                let timer = self.timer.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if let Some(t) = timer
+                    && t.join().is_err()
+                {
+                    tracing::error!("the commit timer thread panicked");
+                }
+                if !self.writable {
+                    return Ok(());
+                }
+                let _alone = self.lock.write().unwrap_or_else(|e| e.into_inner());
+                if let Some(why) = self.failure() {
+                    return Err(format!(
+                        "an earlier commit failed ({why}); changes made after the last successful commit are lost"
+                    ));
+                }
+                self.closed.store(true, Ordering::Release);
+                match self.fs.commit() {
+                    Ok(()) => {
+                        tracing::debug!("committed (unmount)");
+                        Ok(())
+                    }
+                    Err(e) => {
+                        let msg = error_text(&e);
+                        self.fail(msg.clone());
+                        Err(format!(
+                            "the final commit failed: {msg}; changes made after the last successful commit are lost"
+                        ))
+                    }
+                }
+            })
+            .clone()
+    }
+}
+
+/// A library error and its causes on one line.
+fn error_text(e: &ubtrfs::Error) -> String {
+    let mut msg = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !msg.ends_with(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+        cause = c.source();
+    }
+    msg
+}

@@ -107,7 +107,7 @@ fn every_cut_shows_the_last_commit() {
             let victim = live.remove((rng(&mut seed) % live.len() as u64) as usize);
             let (parent, name) = victim.rsplit_once('/').unwrap();
             let pid = fs.resolve_path(parent.as_bytes()).unwrap();
-            if rng(&mut seed) % 2 == 0 {
+            if rng(&mut seed).is_multiple_of(2) {
                 fs.unlink(pid, name.as_bytes()).unwrap();
             } else {
                 let id = fs.resolve_path(victim.as_bytes()).unwrap();
@@ -155,7 +155,7 @@ fn every_cut_shows_the_last_commit() {
         let some: Vec<usize> = plain
             .iter()
             .copied()
-            .filter(|_| rng(&mut seed) % 2 == 0)
+            .filter(|_| rng(&mut seed).is_multiple_of(2))
             .collect();
         for chosen in [Vec::new(), plain.clone(), some] {
             let mut ops: Vec<usize> = fua.iter().copied().chain(chosen).collect();

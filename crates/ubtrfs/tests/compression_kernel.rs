@@ -622,7 +622,9 @@ fn check_algorithm(kind: Compression) {
 #[test]
 fn kernel_compressed_extents() {
     if let Some(why) = missing_prerequisite() {
-        panic!("the kernel compression test needs root, loop devices and btrfs-progs (scripts/test.sh installs them): {why}");
+        panic!(
+            "the kernel compression test needs root, loop devices and btrfs-progs (scripts/test.sh installs them): {why}"
+        );
     }
     for kind in [Compression::Zlib, Compression::Lzo, Compression::Zstd] {
         check_algorithm(kind);

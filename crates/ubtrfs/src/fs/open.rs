@@ -309,13 +309,54 @@ impl Filesystem {
 
     /// Space figures.
     pub fn statfs(&self) -> StatFs {
+        let free_bytes = self
+            .writable_free_bytes()
+            .unwrap_or_else(|| self.sb.total_bytes.saturating_sub(self.sb.bytes_used));
         StatFs {
             block_size: self.geo.sectorsize,
             total_bytes: self.sb.total_bytes,
-            free_bytes: self.sb.total_bytes.saturating_sub(self.sb.bytes_used),
+            free_bytes,
             files: 0,
             name_max: 255,
         }
+    }
+
+    /// For a writable filesystem: free space in data block groups, less
+    /// the dirty data waiting for it, plus device space no chunk uses yet
+    /// (divided by the data profile's copies).
+    fn writable_free_bytes(&self) -> Option<u64> {
+        let w = self
+            .writer
+            .as_ref()?
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let in_groups = w.blocks.alloc.free_bytes(crate::alloc::SpaceKind::Data);
+        let copies = w
+            .blocks
+            .alloc
+            .groups
+            .values()
+            .find(|g| g.flags & BLOCK_GROUP_DATA != 0)
+            .and_then(|g| crate::volume::Profile::from_flags(g.flags).ok())
+            .map_or(1, |p| match p {
+                crate::volume::Profile::Dup
+                | crate::volume::Profile::Raid1
+                | crate::volume::Profile::Raid10 => 2,
+                crate::volume::Profile::Raid1c3 => 3,
+                crate::volume::Profile::Raid1c4 => 4,
+                _ => 1,
+            });
+        drop(w);
+        let mut unallocated = 0u64;
+        for item in self
+            .chunk_tree()
+            .items_of(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY)
+            .ok()?
+        {
+            let d = DevItem::parse(item.ok()?.data()).ok()?;
+            unallocated += d.total_bytes.saturating_sub(d.bytes_used);
+        }
+        Some((in_groups + unallocated / copies).saturating_sub(self.delalloc().bytes()))
     }
 }
 

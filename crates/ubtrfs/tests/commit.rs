@@ -187,3 +187,20 @@ fn filling_the_disk_gives_enospc_and_deleting_still_works() {
     );
     assert!(fs.resolve_path(b"/f0").is_err());
 }
+
+#[test]
+fn a_second_writer_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let imgs = mkfs(dir.path(), &[], 1, 300 << 20);
+    let fs = Filesystem::open_read_write(&imgs).unwrap();
+    let err = Filesystem::open_read_write(&imgs)
+        .err()
+        .expect("second writer refused");
+    assert!(err.to_string().contains("already in use"), "{err}");
+    assert!(
+        Filesystem::open(&imgs).is_err(),
+        "a reader would see a half-written transaction"
+    );
+    drop(fs);
+    assert!(Filesystem::open(&imgs).is_ok());
+}

@@ -31,11 +31,39 @@ impl FileDevice {
             path: path.to_path_buf(),
             source,
         };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(write)
-            .open(path)
-            .map_err(io)?;
+        let mut opts = OpenOptions::new();
+        opts.read(true).write(write);
+        let is_block = std::fs::metadata(path)
+            .map_err(io)?
+            .file_type()
+            .is_block_device();
+        if write && is_block {
+            // The kernel refuses O_EXCL on a block device it has mounted.
+            use std::os::unix::fs::OpenOptionsExt;
+            opts.custom_flags(libc::O_EXCL);
+        }
+        let file = opts.open(path).map_err(|e| {
+            if e.raw_os_error() == Some(libc::EBUSY) {
+                Error::Devices(format!("{}: device is busy (mounted?)", path.display()))
+            } else {
+                io(e)
+            }
+        })?;
+        // One writer or many readers per device among ubtrfs processes.
+        let lock = if write { libc::LOCK_EX } else { libc::LOCK_SH };
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on a file descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), lock | libc::LOCK_NB) } != 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                return Err(Error::Devices(format!(
+                    "{} is already in use by another ubtrfs process{}",
+                    path.display(),
+                    if write { "" } else { " that writes to it" }
+                )));
+            }
+            return Err(io(err));
+        }
         let meta = file.metadata().map_err(io)?;
         let size = if meta.file_type().is_block_device() {
             block_device_size(&file).map_err(io)?

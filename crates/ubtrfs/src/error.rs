@@ -94,6 +94,9 @@ pub enum Error {
     /// The directory is not empty.
     #[error("directory not empty: {0}")]
     NotEmpty(String),
+    /// No data at or after an offset (`SEEK_DATA` past the last data).
+    #[error("no data: {0}")]
+    NoData(String),
     /// Invalid argument from the caller.
     #[error("invalid argument: {0}")]
     Invalid(String),
@@ -118,6 +121,7 @@ impl Error {
             Error::IsDir(_) => libc::EISDIR,
             Error::Invalid(_) => libc::EINVAL,
             Error::NoSpace(_) => libc::ENOSPC,
+            Error::NoData(_) => libc::ENXIO,
             Error::ReadOnly(_) => libc::EROFS,
             Error::Exists(_) => libc::EEXIST,
             Error::NotEmpty(_) => libc::ENOTEMPTY,

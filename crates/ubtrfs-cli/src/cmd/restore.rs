@@ -307,49 +307,46 @@ impl<'a> Restorer<'a> {
             .open(to)
             .with_context(|| format!("cannot create {}", to.display()))?;
         self.counts.files += 1;
-        let mut offset = 0u64;
-        while offset < stat.size {
-            let data = self
-                .fs
-                .read(id, offset, CHUNK)
-                .with_context(|| format!("read at offset {offset}"))?;
-            if data.is_empty() {
-                break;
-            }
-            // Write runs of blocks that hold data; leave all-zero blocks as holes.
-            let mut run_start: Option<usize> = None;
-            for (i, block) in data.chunks(HOLE_BLOCK).enumerate() {
-                let zero = block == &self.buf_zero[..block.len()];
-                let at = i * HOLE_BLOCK;
-                match (zero, run_start) {
-                    (false, None) => run_start = Some(at),
-                    (true, Some(s)) => {
-                        out.write_all_at(&data[s..at], offset + s as u64)
-                            .with_context(|| format!("cannot write {}", to.display()))?;
-                        run_start = None;
-                    }
-                    _ => {}
+        // Only the file's data ranges are read: holes stay holes without
+        // reading their zeros (a sparse terabyte file restores at once).
+        let ranges = self
+            .fs
+            .data_ranges(id, 0)
+            .with_context(|| format!("cannot map the extents of {}", show(path)))?;
+        for (start, end) in ranges {
+            let mut offset = start;
+            while offset < end {
+                let want = CHUNK.min((end - offset) as usize);
+                let data = self
+                    .fs
+                    .read(id, offset, want)
+                    .with_context(|| format!("read at offset {offset}"))?;
+                if data.is_empty() {
+                    break;
                 }
+                // Within data, all-zero blocks are left as holes too.
+                let mut run_start: Option<usize> = None;
+                for (i, block) in data.chunks(HOLE_BLOCK).enumerate() {
+                    let zero = block == &self.buf_zero[..block.len()];
+                    let at = i * HOLE_BLOCK;
+                    match (zero, run_start) {
+                        (false, None) => run_start = Some(at),
+                        (true, Some(s)) => {
+                            out.write_all_at(&data[s..at], offset + s as u64)
+                                .with_context(|| format!("cannot write {}", to.display()))?;
+                            run_start = None;
+                        }
+                        _ => {}
+                    }
+                }
+                if let Some(s) = run_start {
+                    out.write_all_at(&data[s..], offset + s as u64)
+                        .with_context(|| format!("cannot write {}", to.display()))?;
+                }
+                offset += data.len() as u64;
+                self.counts.bytes += data.len() as u64;
+                self.progress.inc(data.len() as u64);
             }
-            if let Some(s) = run_start {
-                out.write_all_at(&data[s..], offset + s as u64)
-                    .with_context(|| format!("cannot write {}", to.display()))?;
-            }
-            offset += data.len() as u64;
-            self.counts.bytes += data.len() as u64;
-            self.progress.inc(data.len() as u64);
-            if data.len() < CHUNK {
-                break;
-            }
-        }
-        if offset < stat.size {
-            self.progress.suspend(|| {
-                eprintln!(
-                    "ubtrfs: restore: {}: data ends at {offset}, before the size {}; the rest is zeros",
-                    show(path),
-                    stat.size
-                )
-            });
         }
         out.set_len(stat.size)
             .with_context(|| format!("cannot set the size of {}", to.display()))?;

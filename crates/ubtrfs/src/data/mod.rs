@@ -6,6 +6,7 @@ pub mod delalloc;
 mod nocow;
 pub mod ordered;
 mod read;
+pub mod seek;
 mod truncate;
 pub mod write;
 

@@ -98,6 +98,8 @@ pub struct Writer {
     has_fst: bool,
     /// Number of the backup root slot written last.
     backup_slot: usize,
+    /// Compression of new extents (the `compress` mount option).
+    pub(crate) compress: Option<(crate::data::compression::Compression, Option<i32>)>,
     /// How data checksums are computed.
     pub(crate) csum_mode: crate::data::ordered::CsumMode,
     /// Measured costs that steer the `auto` checksum mode.
@@ -220,6 +222,7 @@ impl Filesystem {
             backup_slot,
             next_ino: HashMap::new(),
             next_index: HashMap::new(),
+            compress: None,
             csum_mode: Default::default(),
             csum_stats: Default::default(),
         }));

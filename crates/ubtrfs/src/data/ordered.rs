@@ -83,17 +83,41 @@ pub struct OrderedExtent {
     pub data: Vec<u8>,
     /// Checksums, one per sector, once computed.
     pub sums: Option<Vec<u8>>,
+    /// How `data` is compressed; `ram_len` is its size uncompressed.
+    pub compression: super::compression::Compression,
+    /// Bytes of the file the extent covers.
+    pub ram_len: u64,
 }
 
 impl OrderedExtent {
     /// An ordered extent for `data` at `file_offset`, going to `disk_bytenr`.
     pub fn new(id: InodeId, file_offset: u64, disk_bytenr: u64, data: Vec<u8>) -> Self {
+        let ram_len = data.len() as u64;
         OrderedExtent {
             id,
             file_offset,
             disk_bytenr,
             data,
             sums: None,
+            compression: super::compression::Compression::None,
+            ram_len,
+        }
+    }
+
+    /// An ordered extent whose `data` is `kind`-compressed (padded to whole
+    /// sectors) and covers `ram_len` bytes of the file.
+    pub fn compressed(
+        id: InodeId,
+        file_offset: u64,
+        disk_bytenr: u64,
+        data: Vec<u8>,
+        kind: super::compression::Compression,
+        ram_len: u64,
+    ) -> Self {
+        OrderedExtent {
+            compression: kind,
+            ram_len,
+            ..Self::new(id, file_offset, disk_bytenr, data)
         }
     }
 }
@@ -175,8 +199,8 @@ impl Filesystem {
         }
         let fe = FileExtentItem {
             generation: w.blocks.transid,
-            ram_bytes: len,
-            compression: COMPRESS_NONE,
+            ram_bytes: oe.ram_len,
+            compression: oe.compression.to_disk(),
             encryption: 0,
             other_encoding: 0,
             extent_type: FILE_EXTENT_REG,
@@ -184,7 +208,7 @@ impl Filesystem {
                 disk_bytenr: oe.disk_bytenr,
                 disk_num_bytes: len,
                 offset: 0,
-                num_bytes: len,
+                num_bytes: oe.ram_len,
             },
         };
         let bytes = fe.to_bytes();
@@ -202,7 +226,18 @@ impl Filesystem {
             offset: oe.file_offset,
         };
         w.blocks.refs.change_data(oe.disk_bytenr, len, owner, 1);
-        Ok(len)
+        Ok(oe.ram_len)
+    }
+
+    /// Compress new data extents with `kind` (at `level`), like the
+    /// `compress=` mount option; `None` writes them plain.
+    pub fn set_compression(
+        &self,
+        kind: Option<(super::compression::Compression, Option<i32>)>,
+    ) -> Result<()> {
+        let mut w = self.writer()?;
+        w.compress = kind.filter(|(k, _)| *k != super::compression::Compression::None);
+        Ok(())
     }
 
     /// Choose how data checksums are computed.

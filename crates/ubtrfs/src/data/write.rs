@@ -7,6 +7,7 @@
 //! Every commit writes back all dirty data first, so a committed inode
 //! never records a size its extents do not back.
 
+use super::compression::{Compression, compress};
 use super::ordered::OrderedExtent;
 use crate::alloc::SpaceKind;
 use crate::alloc::delayed_ref::DataOwner;
@@ -181,6 +182,9 @@ impl Filesystem {
 
     /// Write `data` at `offset` into new extents, replacing what was there.
     fn cow_range(&self, w: &mut Writer, id: InodeId, offset: u64, data: &[u8]) -> Result<()> {
+        if let Some((kind, level)) = self.compression_for(w, id)? {
+            return self.cow_range_compressed(w, id, offset, data, kind, level);
+        }
         let len = data.len() as u64;
         let pieces = self.reserve_data(w, len)?;
         let removed = self.drop_range(w, id, offset, offset + len)?;
@@ -200,6 +204,87 @@ impl Filesystem {
             i.nbytes = i.nbytes.saturating_sub(removed) + added
         })?;
         Ok(())
+    }
+
+    /// How new extents of `id` are compressed, if at all: the inode's
+    /// no-compress flag wins, then the filesystem's setting (the mount
+    /// option), then the inode's compress flag (zlib, as the kernel's default).
+    fn compression_for(
+        &self,
+        w: &Writer,
+        id: InodeId,
+    ) -> Result<Option<(Compression, Option<i32>)>> {
+        let flags = self.inode_item(id)?.flags;
+        if flags & (INODE_NOCOMPRESS | INODE_NODATACOW | INODE_NODATASUM) != 0 {
+            return Ok(None);
+        }
+        Ok(match w.compress {
+            Some(c) => Some(c),
+            None if flags & INODE_COMPRESS != 0 => Some((Compression::Zlib, None)),
+            None => None,
+        })
+    }
+
+    /// Like `cow_range`, cutting the data into compressed extents of at
+    /// most 128 KiB of file data; a piece that does not shrink by a sector
+    /// is written plain, as the kernel does.
+    fn cow_range_compressed(
+        &self,
+        w: &mut Writer,
+        id: InodeId,
+        offset: u64,
+        data: &[u8],
+        kind: Compression,
+        level: Option<i32>,
+    ) -> Result<()> {
+        let ss = self.geometry().sectorsize;
+        let mut plan: Vec<(u64, Vec<u8>, Compression, u64)> = Vec::new();
+        for (i, chunk) in data.chunks(MAX_COMPRESSED_RAM as usize).enumerate() {
+            let at = offset + (i as u64) * MAX_COMPRESSED_RAM;
+            match compress(kind, level, chunk, ss)? {
+                Some(mut c) => {
+                    c.resize(c.len().div_ceil(ss as usize) * ss as usize, 0);
+                    plan.push((at, c, kind, chunk.len() as u64));
+                }
+                None => plan.push((at, chunk.to_vec(), Compression::None, chunk.len() as u64)),
+            }
+        }
+        // All space first: a writeback that cannot finish changes nothing.
+        let mut places = Vec::with_capacity(plan.len());
+        for (_, bytes, _, _) in &plan {
+            match self.alloc_exact(w, bytes.len() as u64) {
+                Ok(at) => places.push(at),
+                Err(e) => {
+                    for (&at, (_, b, _, _)) in places.iter().zip(&plan) {
+                        w.blocks.alloc.release(at, b.len() as u64)?;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let removed = self.drop_range(w, id, offset, offset + data.len() as u64)?;
+        let mut added = 0;
+        for ((at, bytes, k, ram), disk) in plan.into_iter().zip(places) {
+            let oe = OrderedExtent::compressed(id, at, disk, bytes, k, ram);
+            added += self.complete_ordered(w, oe)?;
+        }
+        self.change_inode(w, id, |i| {
+            i.nbytes = i.nbytes.saturating_sub(removed) + added
+        })?;
+        Ok(())
+    }
+
+    /// `len` contiguous bytes of data space, adding a chunk if needed.
+    fn alloc_exact(&self, w: &mut Writer, len: u64) -> Result<u64> {
+        let ss = self.geometry().sectorsize as u64;
+        if let Some(at) = w.blocks.alloc.alloc(SpaceKind::Data, len, ss) {
+            return Ok(at);
+        }
+        self.alloc_chunk(w, SpaceKind::Data)?;
+        w.blocks
+            .alloc
+            .alloc(SpaceKind::Data, len, ss)
+            .ok_or_else(|| Error::NoSpace(format!("no data space for a {len}-byte extent")))
     }
 
     /// Without the no-holes feature every gap between extents up to the end

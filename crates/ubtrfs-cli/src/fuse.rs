@@ -60,6 +60,7 @@ use fuser::{
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use ubtrfs::data::seek::Whence;
 use ubtrfs::format::items::Timespec;
 use ubtrfs::fs::{FileKind, Filesystem, InodeId, Stat};
 
@@ -337,7 +338,11 @@ impl fuser::Filesystem for FuseFs {
                 reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
             }
             // O_TRUNC reaches `setattr` first (no atomic O_TRUNC asked for).
-            Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            // The open file keeps its inode alive if its last name goes.
+            Ok(_) => {
+                self.served.read(|fs| fs.hold_inode(self.inode_of(ino)));
+                reply.opened(FileHandle(0), FopenFlags::empty())
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -365,15 +370,22 @@ impl fuser::Filesystem for FuseFs {
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        // No per-open state is kept.
-        reply.ok();
+        if !self.served.writable() {
+            return reply.ok();
+        }
+        // The last close of an unlinked file deletes it.
+        let id = self.inode_of(ino);
+        match self.served.write(|fs| fs.release_inode(id).map_err(errno)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn flush(
@@ -757,6 +769,8 @@ impl fuser::Filesystem for FuseFs {
     ) {
         match self.do_create(req, parent, name, mode & !umask, 0) {
             Ok((attr, generation)) => {
+                self.served
+                    .read(|fs| fs.hold_inode(self.inode_of(attr.ino)));
                 reply.created(&TTL, &attr, generation, FileHandle(0), FopenFlags::empty())
             }
             Err(e) => reply.error(e),
@@ -779,10 +793,40 @@ impl fuser::Filesystem for FuseFs {
         }
     }
 
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: fuser::ReplyLseek,
+    ) {
+        // The kernel asks only for SEEK_DATA and SEEK_HOLE; it handles the
+        // others itself.
+        let whence = match whence {
+            libc::SEEK_DATA => Whence::Data,
+            libc::SEEK_HOLE => Whence::Hole,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let Ok(offset) = u64::try_from(offset) else {
+            return reply.error(Errno::ENXIO);
+        };
+        let found = self
+            .served
+            .read(|fs| fs.seek(self.inode_of(ino), offset, whence))
+            .map_err(errno)
+            .and_then(|at| i64::try_from(at).map_err(|_| Errno::EOVERFLOW));
+        match found {
+            Ok(at) => reply.offset(at),
+            Err(e) => reply.error(e),
+        }
+    }
+
     // Not implemented (the kernel falls back to its generic behaviour for
-    // these: copy_file_range copies through read and write, lseek treats
-    // the whole file as data). Answered here without fuser's default
-    // warning on every call.
+    // these: copy_file_range copies through read and write, locks are
+    // kept by the kernel for this mount). Answered here without fuser's
+    // default warning on every call.
 
     fn copy_file_range(
         &self,
@@ -845,18 +889,6 @@ impl fuser::Filesystem for FuseFs {
         _in_data: &[u8],
         _out_size: u32,
         reply: fuser::ReplyIoctl,
-    ) {
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn lseek(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: i64,
-        _whence: i32,
-        reply: fuser::ReplyLseek,
     ) {
         reply.error(Errno::ENOSYS);
     }

@@ -226,6 +226,15 @@ impl Filesystem {
             csum_mode: Default::default(),
             csum_stats: Default::default(),
         }));
+        // Inodes a crash left unlinked but open go now, as in the kernel.
+        let subvols: Vec<u64> = {
+            let w = fs.writer_deleting()?;
+            w.blocks.last_snapshot.keys().copied().collect()
+        };
+        for subvol in subvols {
+            let mut w = fs.writer_deleting()?;
+            fs.clean_orphans(&mut w, subvol)?;
+        }
         Ok(fs)
     }
 

@@ -340,43 +340,66 @@ fn block_signals() -> Result<libc::sigset_t> {
 }
 
 /// Wait for a stop signal and unmount (the session then ends and the last
-/// commit follows). A second signal does not wait for the unmount: it
-/// makes the last commit at once, detaches the mount lazily and exits.
+/// commit follows). A second signal does not wait for the unmount: the
+/// last commit is made at once (in a thread of its own) and the process
+/// exits, detaching the mount lazily. A third one exits at once, without
+/// that commit, for when it cannot finish (a request stuck in the library
+/// holds the filesystem).
 fn wait_for_signals(
     set: libc::sigset_t,
     mut unmounter: fuser::SessionUnmounter,
     mp: &Path,
-    served: &Served,
+    served: &Arc<Served>,
 ) {
-    let mut first = true;
+    let mut count = 0;
     loop {
         let mut sig: libc::c_int = 0;
         // SAFETY: `set` is an initialised signal set and `sig` a valid out pointer.
         if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
             continue;
         }
-        if !first {
-            tracing::warn!(
-                "second signal {sig}: committing and exiting without waiting for the unmount"
-            );
-            let committed = served.finish();
-            lazy_unmount(mp);
-            match committed {
-                Ok(()) => std::process::exit(128 + sig),
-                Err(e) => {
-                    eprintln!("ubtrfs: error: {}: {e}", mp.display());
+        count += 1;
+        match count {
+            1 => {
+                tracing::info!("signal {sig}: unmounting {}", mp.display());
+                if let Err(e) = unmounter.unmount() {
+                    tracing::warn!(
+                        "cannot unmount {} ({e}); detaching it lazily: it goes away when no longer busy",
+                        mp.display()
+                    );
+                    lazy_unmount(mp);
+                }
+            }
+            2 => {
+                tracing::warn!(
+                    "second signal {sig}: committing and exiting without waiting for the unmount (a third signal exits at once, without committing)"
+                );
+                let (served, mp) = (Arc::clone(served), mp.to_path_buf());
+                let started = std::thread::Builder::new()
+                    .name("last-commit".into())
+                    .spawn(move || {
+                        let committed = served.finish();
+                        lazy_unmount(&mp);
+                        match committed {
+                            Ok(()) => std::process::exit(128 + sig),
+                            Err(e) => {
+                                eprintln!("ubtrfs: error: {}: {e}", mp.display());
+                                std::process::exit(1);
+                            }
+                        }
+                    });
+                if let Err(e) = started {
+                    eprintln!("ubtrfs: error: cannot start the last commit: {e}");
                     std::process::exit(1);
                 }
             }
-        }
-        first = false;
-        tracing::info!("signal {sig}: unmounting {}", mp.display());
-        if let Err(e) = unmounter.unmount() {
-            tracing::warn!(
-                "cannot unmount {} ({e}); detaching it lazily: it goes away when no longer busy",
-                mp.display()
-            );
-            lazy_unmount(mp);
+            _ => {
+                eprintln!(
+                    "ubtrfs: error: signal {sig}: exiting without the last commit; changes made after the last successful commit are lost"
+                );
+                lazy_unmount(mp);
+                std::process::exit(1);
+            }
         }
     }
 }
@@ -387,8 +410,11 @@ fn lazy_unmount(mp: &Path) {
         return;
     };
     // SAFETY: `c` is a valid NUL-terminated path.
-    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
-        // Not root: let the setuid helper do it.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0
+        && std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    {
+        // Not root: let the setuid helper do it. (Any other error: it is
+        // not mounted there any more, detached already.)
         let _ = std::process::Command::new("fusermount3")
             .args(["-u", "-z", "--"])
             .arg(mp)

@@ -146,19 +146,19 @@ impl FuseFs {
         })
     }
 
+    /// Preallocate, punch a hole or zero a range. The library checks the
+    /// mode: what it does not know is `EOPNOTSUPP`, as fallocate(2) says.
     pub(super) fn do_fallocate(
         &self,
-        _ino: INodeNo,
-        _offset: u64,
-        _length: u64,
-        _mode: i32,
+        ino: INodeNo,
+        offset: u64,
+        length: u64,
+        mode: i32,
     ) -> Result<(), Errno> {
-        if !self.served.writable() {
-            return Err(Errno::EROFS);
-        }
-        // The library has no fallocate yet. ENOSYS: the kernel then answers
-        // EOPNOTSUPP to every later fallocate(2) without asking.
-        Err(Errno::ENOSYS)
+        let mode = u32::try_from(mode).map_err(|_| Errno::EOPNOTSUPP)?;
+        let id = self.inode_of(ino);
+        self.served
+            .write(|fs| fs.fallocate(id, mode, offset, length).map_err(errno))
     }
 }
 

@@ -79,9 +79,8 @@ impl DelayedRefs {
         if *c == 0 {
             e.changes.remove(&owner);
         }
-        if e.changes.is_empty() {
-            self.data.remove(&bytenr);
-        }
+        // An extent whose changes cancel out stays: if this transaction
+        // allocated it, the commit must give its space back.
     }
 
     /// Whether nothing is pending.

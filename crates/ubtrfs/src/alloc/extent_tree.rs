@@ -201,6 +201,9 @@ pub fn run_data_refs(
     let key = Key::new(bytenr, EXTENT_ITEM_KEY, refs.len);
     let existing = ed.reader().tree(*root).get(&key)?;
     let is_new = existing.is_none();
+    if refs.changes.is_empty() && !is_new {
+        return Ok(Vec::new());
+    }
     let mut item = match existing {
         Some(it) => ExtentItem::parse(it.data())?,
         None => ExtentItem {
@@ -298,7 +301,12 @@ pub fn run_data_refs(
                 SpaceOp::DropCsums { bytenr, len },
             ]);
         }
-        return Ok(Vec::new());
+        // Allocated and dropped again in this transaction: its space is
+        // free after the commit, and its checksums go.
+        return Ok(vec![
+            SpaceOp::Pin { bytenr, len },
+            SpaceOp::DropCsums { bytenr, len },
+        ]);
     }
     ed.put(root, key, item.encode())?;
     Ok(if is_new {

@@ -81,33 +81,47 @@ pub fn on_disk_free(g: &BlockGroup) -> RangeSet {
 }
 
 /// Rewrite `g`'s entries in the free-space tree as extent items.
+///
+/// Only the items that change are touched: the commit repeats this until
+/// nothing changes, and the tree's own blocks live in the space it
+/// describes, so deleting and reinserting everything would free and
+/// allocate blocks on every round and never settle.
 pub fn rewrite(ed: &mut TreeEditor<'_>, root: &mut RootPtr, g: &BlockGroup) -> Result<()> {
     let free = on_disk_free(g);
     let (start, end) = (g.start, g.start + g.len);
     let lo = Key::new(start, FREE_SPACE_INFO_KEY, 0);
-    let mut old = Vec::new();
+    let mut old = BTreeMap::new();
     for item in ed
         .reader()
         .tree(*root)
         .range(lo, Key::new(end - 1, u8::MAX, u64::MAX))?
     {
-        let k = item?.key();
+        let item = item?;
+        let k = item.key();
         if matches!(
             k.item_type,
             FREE_SPACE_INFO_KEY | FREE_SPACE_EXTENT_KEY | FREE_SPACE_BITMAP_KEY
         ) {
-            old.push(k);
+            old.insert(k, item.data().to_vec());
         }
     }
-    for k in old {
-        ed.delete(root, k)?;
-    }
+    let mut want = BTreeMap::new();
     let mut info = Vec::with_capacity(8);
     info.extend_from_slice(&(free.len() as u32).to_le_bytes());
     info.extend_from_slice(&0u32.to_le_bytes());
-    ed.insert(root, Key::new(start, FREE_SPACE_INFO_KEY, g.len), info)?;
+    want.insert(Key::new(start, FREE_SPACE_INFO_KEY, g.len), info);
     for (s, l) in free.iter() {
-        ed.insert(root, Key::new(s, FREE_SPACE_EXTENT_KEY, l), Vec::new())?;
+        want.insert(Key::new(s, FREE_SPACE_EXTENT_KEY, l), Vec::new());
+    }
+    for (k, v) in &old {
+        if want.get(k) != Some(v) {
+            ed.delete(root, *k)?;
+        }
+    }
+    for (k, v) in want {
+        if old.get(&k) != Some(&v) {
+            ed.insert(root, k, v)?;
+        }
     }
     Ok(())
 }

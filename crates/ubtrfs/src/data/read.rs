@@ -244,6 +244,14 @@ impl Filesystem {
                 id.ino, id.subvol
             )));
         }
+        // A target is inline data, shorter than a sector (and PATH_MAX): a
+        // larger size is damage, not a reason to allocate that much.
+        if st.size >= u64::from(self.geo.sectorsize) {
+            return Err(Error::corrupt(format!(
+                "symlink inode {} in subvolume {} has size {}",
+                id.ino, id.subvol, st.size
+            )));
+        }
         self.read(id, 0, st.size as usize)
     }
 }

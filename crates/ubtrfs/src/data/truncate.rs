@@ -101,10 +101,8 @@ impl Filesystem {
             self.zero_tail(w, id, new_size, false)?;
         } else {
             self.zero_tail(w, id, old, true)?;
-            if !self.superblock().no_holes() {
-                self.fill_gaps(w, id, old.div_ceil(ss) * ss, new_size.div_ceil(ss) * ss)?;
-            }
         }
+        self.cover_holes(w, id, new_size)?;
         self.change_inode(w, id, |i| {
             i.size = new_size;
             i.nbytes = i.nbytes.saturating_sub(removed) + added;
@@ -198,13 +196,11 @@ impl Filesystem {
                     }
                     if lo < hi {
                         removed = self.drop_range(w, id, lo, hi)?;
-                        if !self.superblock().no_holes() {
-                            self.fill_gaps(w, id, lo, hi)?;
-                        }
                     }
                 }
             }
         }
+        self.cover_holes(w, id, size)?;
         self.change_inode(w, id, |i| {
             i.nbytes = i.nbytes.saturating_sub(removed);
             i.mtime = now;
@@ -315,9 +311,7 @@ impl Filesystem {
                 }
             }
         }
-        if !no_holes {
-            self.fill_gaps(w, id, old.div_ceil(ss) * ss, new_size.div_ceil(ss) * ss)?;
-        }
+        self.cover_holes(w, id, new_size)?;
         self.change_inode(w, id, |i| {
             i.size = new_size;
             i.nbytes = i.nbytes.saturating_sub(removed) + added;
@@ -422,7 +416,8 @@ impl Filesystem {
         let idx = size / ss;
         let s = idx * ss;
         let keep = (size - s) as usize;
-        if let Some(b) = self.delalloc().sector(id, idx).map(|b| b.to_vec()) {
+        let dirty = self.delalloc().sector(id, idx).map(|b| b.to_vec());
+        if let Some(b) = dirty {
             if b[keep..].iter().any(|&x| x != 0) {
                 let mut b = b;
                 b[keep..].fill(0);
@@ -498,6 +493,17 @@ impl Filesystem {
         }
         self.delalloc().put(id, idx, data.into_boxed_slice());
         Ok(())
+    }
+
+    /// Without no-holes, every sector below the end of file (`size`) is
+    /// covered by a file extent item, a hole extent if nothing else. (Dirty
+    /// sectors get theirs at writeback, which drops the holes they cover.)
+    fn cover_holes(&self, w: &mut Writer, id: InodeId, size: u64) -> Result<()> {
+        if self.superblock().no_holes() {
+            return Ok(());
+        }
+        let ss = self.geometry().sectorsize as u64;
+        self.fill_gaps(w, id, 0, size.div_ceil(ss) * ss)
     }
 
     /// Without no-holes: put hole extents where `[from, to)` (sector

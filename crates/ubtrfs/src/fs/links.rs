@@ -251,8 +251,9 @@ impl Filesystem {
             };
             self.remove_name(&mut w, old_dir, old_name, now)?;
             self.remove_name(&mut w, new_dir, new_name, now)?;
-            self.add_name(&mut w, old_dir, old_name, dst.id, dst.kind, now)?;
+            // The kernel numbers the new entry in `new_dir` first.
             self.add_name(&mut w, new_dir, new_name, src.id, src.kind, now)?;
+            self.add_name(&mut w, old_dir, old_name, dst.id, dst.kind, now)?;
             for id in [src.id, dst.id] {
                 self.change_inode(&mut w, id, |i| i.ctime = now)?;
             }

@@ -304,7 +304,8 @@ impl Filesystem {
                 Ok(())
             })
         })?;
-        w.next_index.remove(&(dir.subvol, dir.ino));
+        // The directory's index counter keeps going (as the kernel's does):
+        // a name added later never takes the index of one removed.
         self.change_inode(w, dir, |d| {
             d.size = d.size.saturating_sub(2 * name.len() as u64);
             d.mtime = now;
@@ -426,9 +427,74 @@ impl Filesystem {
         self.delete_inode(&mut w, target)
     }
 
+    /// An inode lost its last name. If someone still has it open, it lives
+    /// on as an orphan (an ORPHAN_ITEM, so a crash leaves it for the next
+    /// mount to clean) until [`Filesystem::release_inode`]; else it goes now.
+    pub(crate) fn delete_inode(&self, w: &mut Writer, id: InodeId) -> Result<()> {
+        if self.open_count(id) > 0 {
+            let key = Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, id.ino);
+            return self.modify_tree(w, id.subvol, |ed, root| ed.put(root, key, Vec::new()));
+        }
+        self.delete_inode_now(w, id)
+    }
+
+    fn open_count(&self, id: InodeId) -> u32 {
+        self.open_inodes().get(&id).copied().unwrap_or(0)
+    }
+
+    /// Someone (an open file of the FUSE mount) uses `id`: keep it even if
+    /// its last name goes.
+    pub fn hold_inode(&self, id: InodeId) {
+        *self.open_inodes().entry(id).or_insert(0) += 1;
+    }
+
+    /// The user of `id` is done; an orphaned inode is deleted now.
+    pub fn release_inode(&self, id: InodeId) -> Result<()> {
+        let last = {
+            let mut open = self.open_inodes();
+            let Some(n) = open.get_mut(&id) else {
+                return Ok(());
+            };
+            *n -= 1;
+            let last = *n == 0;
+            if last {
+                open.remove(&id);
+            }
+            last
+        };
+        if !last || self.writer.is_none() {
+            return Ok(());
+        }
+        let key = Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, id.ino);
+        if self.fs_tree(id.subvol)?.get(&key)?.is_none() {
+            return Ok(());
+        }
+        let mut w = self.writer_deleting()?;
+        self.modify_tree(&mut w, id.subvol, |ed, root| ed.delete(root, key))?;
+        self.delete_inode_now(&mut w, id)
+    }
+
+    /// Delete the orphans a crash left in subvolume `subvol`.
+    pub(crate) fn clean_orphans(&self, w: &mut Writer, subvol: u64) -> Result<()> {
+        let orphans: Vec<u64> = self
+            .fs_tree(subvol)?
+            .items_of(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY)?
+            .map(|it| it.map(|it| it.key().offset))
+            .collect::<Result<_>>()?;
+        for ino in orphans {
+            let key = Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, ino);
+            self.modify_tree(w, subvol, |ed, root| ed.delete(root, key))?;
+            let id = InodeId { subvol, ino };
+            if self.inode_item(id).is_ok_and(|i| i.nlink == 0) {
+                self.delete_inode_now(w, id)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Delete every item of an inode that has no name left, dropping its
     /// references to data extents.
-    pub(crate) fn delete_inode(&self, w: &mut Writer, id: InodeId) -> Result<()> {
+    fn delete_inode_now(&self, w: &mut Writer, id: InodeId) -> Result<()> {
         let keys: Vec<(Key, Vec<u8>)> = self
             .fs_tree(id.subvol)?
             .range(Key::new(id.ino, 0, 0), Key::new(id.ino, u8::MAX, u64::MAX))?

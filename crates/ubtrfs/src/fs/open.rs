@@ -51,6 +51,8 @@ pub struct Filesystem {
     /// Write state, when opened read-write.
     pub(crate) writer: Option<std::sync::Mutex<crate::transaction::Writer>>,
     pub(crate) warnings: Vec<String>,
+    /// Inodes in use by open files, with their use counts.
+    pub(crate) open_inodes: std::sync::Mutex<HashMap<InodeId, u32>>,
     /// Written data not yet in extents.
     pub(crate) delalloc: std::sync::Mutex<crate::data::delalloc::Delalloc>,
     /// When the filesystem was opened (times of synthesized inodes).
@@ -141,9 +143,15 @@ impl Filesystem {
             sb,
             opened_at: now(),
             delalloc: std::sync::Mutex::new(Default::default()),
+            open_inodes: std::sync::Mutex::new(HashMap::new()),
         };
         fs.default_subvol = fs.find_default_subvol()?;
         Ok(fs)
+    }
+
+    /// Inodes held open.
+    pub(crate) fn open_inodes(&self) -> std::sync::MutexGuard<'_, HashMap<InodeId, u32>> {
+        self.open_inodes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The dirty data held for writeback.

@@ -18,6 +18,8 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+use ubtrfs::data::compression::Compression;
+use ubtrfs::data::ordered::CsumMode;
 use ubtrfs::fs::Filesystem;
 
 /// Seconds between periodic commits unless `-o commit=` says otherwise
@@ -29,7 +31,9 @@ const MAX_QUIET_COMMIT_SECS: u64 = 300;
 /// Arguments of `mount`.
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\
-Mount options (-o, comma separated): ro, rw, commit=SECONDS, allow_other, \
+Mount options (-o, comma separated): ro, rw, commit=SECONDS, \
+csum=inline|offload|auto, compress[=ALG[:LEVEL]], compress-force[=ALG[:LEVEL]] \
+(ALG: zlib, lzo, zstd), allow_other, \
 allow_root, auto_unmount, default_permissions, dev, nodev, suid, nosuid, \
 exec, noexec, atime, noatime, sync, async, dirsync, fsname=NAME, \
 subtype=NAME. \
@@ -65,6 +69,41 @@ struct Settings {
     read_only: bool,
     /// Time between periodic commits.
     commit_interval: Duration,
+    /// How data checksums are computed (`csum=`).
+    csum_mode: Option<CsumMode>,
+    /// Compression of new extents (`compress=`, `compress-force=`).
+    compress: Option<(Compression, Option<i32>)>,
+}
+
+/// The value of `csum=`: inline, offload or auto (seed 003).
+fn parse_csum_mode(v: &str) -> Result<CsumMode> {
+    Ok(match v {
+        "inline" => CsumMode::Inline,
+        "offload" => CsumMode::Offload,
+        "auto" => CsumMode::Auto,
+        _ => bail!("mount option csum={v:?}: expected inline, offload or auto"),
+    })
+}
+
+/// The value of `compress=` / `compress-force=`: ALGORITHM[:LEVEL], or no.
+fn parse_compress(v: &str) -> Result<Option<(Compression, Option<i32>)>> {
+    let (name, level) = match v.split_once(':') {
+        Some((n, l)) => (
+            n,
+            Some(
+                l.parse::<i32>()
+                    .map_err(|_| anyhow!("compression level {l:?} is not a number"))?,
+            ),
+        ),
+        None => (v, None),
+    };
+    Ok(match name {
+        "" | "zlib" => Some((Compression::Zlib, level)),
+        "lzo" => Some((Compression::Lzo, None)),
+        "zstd" => Some((Compression::Zstd, level)),
+        "no" | "none" => None,
+        _ => bail!("mount option compress={v:?}: expected zlib, lzo, zstd (with :LEVEL) or no"),
+    })
 }
 
 /// Run `mount`.
@@ -108,6 +147,8 @@ fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<(Config, Settings)> 
     // The last of ro and rw wins, as for mount(8); --ro overrides both.
     let mut read_only = false;
     let mut commit_secs = DEFAULT_COMMIT_SECS;
+    let mut csum_mode = None;
+    let mut compress = None;
     for opt in args.options.iter().flat_map(|o| o.split(',')) {
         let o = match opt {
             "" | "default_permissions" => continue,
@@ -154,6 +195,24 @@ fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<(Config, Settings)> 
             o => {
                 if let Some(secs) = o.strip_prefix("commit=") {
                     commit_secs = parse_commit(secs)?;
+                    continue;
+                }
+                if let Some(v) = o.strip_prefix("csum=") {
+                    csum_mode = Some(parse_csum_mode(v)?);
+                    continue;
+                }
+                // compress-force compresses every extent; compress also
+                // writes plain what does not shrink, which the library does
+                // per extent for both.
+                if let Some(v) = o
+                    .strip_prefix("compress-force=")
+                    .or_else(|| o.strip_prefix("compress="))
+                {
+                    compress = parse_compress(v)?;
+                    continue;
+                }
+                if o == "compress" || o == "compress-force" {
+                    compress = Some((Compression::Zlib, None));
                     continue;
                 }
                 if let Some(name) = o.strip_prefix("fsname=") {
@@ -212,6 +271,8 @@ fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<(Config, Settings)> 
     let settings = Settings {
         read_only,
         commit_interval: Duration::from_secs(commit_secs),
+        csum_mode,
+        compress,
     };
     Ok((config, settings))
 }
@@ -261,6 +322,14 @@ fn serve(
     let signals = block_signals()?;
     let mounted = (|| -> Result<_> {
         let fs = open_fs(devices, settings.read_only)?;
+        if !settings.read_only {
+            if let Some(mode) = settings.csum_mode {
+                fs.set_csum_mode(mode)
+                    .context("cannot set the checksum mode")?;
+            }
+            fs.set_compression(settings.compress)
+                .context("cannot set compression")?;
+        }
         let served = Arc::new(Served::new(fs, !settings.read_only));
         let mut session = fuser::Session::new(FuseFs::new(Arc::clone(&served)), mountpoint, config)
             .with_context(|| {

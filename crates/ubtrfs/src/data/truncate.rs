@@ -3,11 +3,12 @@
 //!
 //! - Shrinking drops every extent past the new end rounded up to a sector
 //!   and trims the one that straddles it; an inline extent is cut to the
-//!   new size. The rest of the last sector is zeroed (rewritten through
-//!   the dirty data) so that growing the file later never shows old bytes.
-//! - Growing zeroes the rest of the old last sector (a file written by
-//!   the kernel may hold stale bytes there) and, without the no-holes
-//!   feature, covers the new range with explicit hole extents.
+//!   new size. On disk the rest of the last sector keeps its old bytes, as
+//!   the kernel leaves them.
+//! - Growing (here, by fallocate or by a write past the end) therefore
+//!   first zeroes the rest of the old last sector, rewriting it through
+//!   the dirty data, and, without the no-holes feature, covers the new
+//!   range with explicit hole extents.
 //! - `fallocate` preallocates: PREALLOC extents (no checksums, read as
 //!   zeros) where the file has holes, the inode gets the PREALLOC flag and
 //!   its byte count grows by what was allocated. Punching a hole drops the
@@ -97,8 +98,9 @@ impl Filesystem {
                 removed += r;
                 added += a;
             }
-            // Zero the rest of the new last sector (a partial one).
-            self.zero_tail(w, id, new_size, false)?;
+            // Dirty data past the new end is gone; on disk the rest of the
+            // last sector stays as it is (growing zeroes it, as the kernel does).
+            self.zero_dirty_tail(id, new_size);
         } else {
             self.zero_tail(w, id, old, true)?;
         }
@@ -226,46 +228,20 @@ impl Filesystem {
         let no_holes = self.superblock().no_holes();
         let old = self.inode_item(id)?.size;
         let new_size = if keep { old } else { old.max(end) };
-        let (a0, a1);
-        if zero {
-            let mut from = offset;
-            if self.spans(id)?.iter().any(|s| s.kind == Kind::Inline) {
-                // Sector 0 is rewritten whole; the rest is like any file.
-                self.zero_bytes(w, id, offset.min(ss), end.min(ss))?;
-                from = from.max(ss);
-            }
-            a0 = from.div_ceil(ss) * ss;
-            a1 = end / ss * ss;
-            // The old last sector reads as zeros past the old end, on disk
-            // too, unless it is preallocated anew below.
-            let last = old / ss * ss;
-            if end > old && !(a0 <= last && last + ss <= a1) {
-                self.zero_tail(w, id, old, true)?;
-            }
-            if from < end {
-                if a0 > a1 {
-                    self.zero_bytes(w, id, from, end)?;
-                } else {
-                    if from < a0 {
-                        self.zero_bytes(w, id, from, a0)?;
-                    }
-                    if a1 < end {
-                        self.zero_bytes(w, id, a1, end)?;
-                    }
-                }
-            }
+        let inline = self.spans(id)?.iter().any(|s| s.kind == Kind::Inline);
+        // Zeroing a range rewrites the first sector of an inline file whole.
+        let from = if zero && inline {
+            offset.max(ss)
         } else {
-            if end > old {
-                self.zero_tail(w, id, old, true)?;
-            }
-            a0 = offset / ss * ss;
-            a1 = end.div_ceil(ss) * ss;
-            // Beyond the end of file the kernel first extends the holes.
-            if !no_holes && a0 > old.div_ceil(ss) * ss {
-                self.fill_gaps(w, id, old.div_ceil(ss) * ss, a0)?;
-            }
-        }
-        // The parts of [a0, a1) to preallocate.
+            offset
+        };
+        let (a0, a1) = if zero {
+            (from.div_ceil(ss) * ss, end / ss * ss)
+        } else {
+            (offset / ss * ss, end.div_ceil(ss) * ss)
+        };
+        // The parts of [a0, a1) to preallocate: the holes, or, zeroing,
+        // everything not preallocated yet.
         let mut segs: Vec<(u64, u64)> = Vec::new();
         if a0 < a1 {
             let mut cursor = a0;
@@ -287,10 +263,56 @@ impl Filesystem {
                 segs.push((cursor, a1));
             }
         }
-        let mut removed = 0;
+        // All the space or nothing, before anything changes.
         let added: u64 = segs.iter().map(|(a, b)| b - a).sum();
+        let pieces = if added > 0 {
+            self.reserve_data(w, added)?
+        } else {
+            Vec::new()
+        };
+        let zeroed = (|| {
+            if zero {
+                if inline {
+                    self.zero_bytes(w, id, offset.min(ss), end.min(ss))?;
+                }
+                // The old last sector reads as zeros past the old end, on
+                // disk too, unless it is preallocated anew below.
+                let last = old / ss * ss;
+                if end > old && !(a0 <= last && last + ss <= a1) {
+                    self.zero_tail(w, id, old, true)?;
+                }
+                if from < end {
+                    if a0 > a1 {
+                        self.zero_bytes(w, id, from, end)?;
+                    } else {
+                        if from < a0 {
+                            self.zero_bytes(w, id, from, a0)?;
+                        }
+                        if a1 < end {
+                            self.zero_bytes(w, id, a1, end)?;
+                        }
+                    }
+                }
+            } else {
+                if end > old {
+                    self.zero_tail(w, id, old, true)?;
+                }
+                // Beyond the end of file the kernel first extends the holes.
+                if !no_holes && a0 > old.div_ceil(ss) * ss {
+                    self.fill_gaps(w, id, old.div_ceil(ss) * ss, a0)?;
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = zeroed {
+            for (s, l) in pieces {
+                w.blocks.alloc.release(s, l)?;
+            }
+            return Err(e);
+        }
+        let mut removed = 0;
         if added > 0 {
-            let mut pieces = self.reserve_data(w, added)?.into_iter();
+            let mut pieces = pieces.into_iter();
             let mut piece: Option<(u64, u64)> = None;
             for &(a, b) in &segs {
                 removed += self.drop_range(w, id, a, b)?;
@@ -408,7 +430,13 @@ impl Filesystem {
     /// it zeros, on disk too: the sector is rewritten if data backs it.
     /// With `grow`, an inline extent is always rewritten, as the file it
     /// holds is about to grow (it stays inline only if still small).
-    fn zero_tail(&self, w: &mut Writer, id: InodeId, size: u64, grow: bool) -> Result<()> {
+    pub(crate) fn zero_tail(
+        &self,
+        w: &mut Writer,
+        id: InodeId,
+        size: u64,
+        grow: bool,
+    ) -> Result<()> {
         let ss = self.geometry().sectorsize as u64;
         if size.is_multiple_of(ss) {
             return Ok(());
@@ -416,13 +444,7 @@ impl Filesystem {
         let idx = size / ss;
         let s = idx * ss;
         let keep = (size - s) as usize;
-        let dirty = self.delalloc().sector(id, idx).map(|b| b.to_vec());
-        if let Some(b) = dirty {
-            if b[keep..].iter().any(|&x| x != 0) {
-                let mut b = b;
-                b[keep..].fill(0);
-                self.delalloc().put(id, idx, b.into_boxed_slice());
-            }
+        if self.zero_dirty_tail(id, size) {
             return Ok(());
         }
         let backed = self.spans(id)?.iter().any(|sp| {
@@ -440,6 +462,23 @@ impl Filesystem {
         let mut b = self.read_stored(id, s, keep)?;
         b.resize(ss as usize, 0);
         self.put_dirty_sector(w, id, idx, b)
+    }
+
+    /// Zero the bytes past `size` in the dirty sector holding it; false
+    /// if that sector is not dirty.
+    fn zero_dirty_tail(&self, id: InodeId, size: u64) -> bool {
+        let ss = self.geometry().sectorsize as u64;
+        let (idx, keep) = (size / ss, (size % ss) as usize);
+        let mut d = self.delalloc();
+        let Some(b) = d.sector(id, idx) else {
+            return false;
+        };
+        if b[keep..].iter().any(|&x| x != 0) {
+            let mut b = b.to_vec();
+            b[keep..].fill(0);
+            d.put(id, idx, b.into_boxed_slice());
+        }
+        true
     }
 
     /// Make `[from, to)` (inside one sector, or the first sector of an

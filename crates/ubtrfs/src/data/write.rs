@@ -49,6 +49,11 @@ impl Filesystem {
             .checked_add(data.len() as u64)
             .filter(|&e| e <= i64::MAX as u64)
             .ok_or_else(|| Error::Invalid("write past the largest file size".into()))?;
+        if offset > inode.size {
+            // The old last sector may hold stale bytes past the end (the
+            // kernel leaves them when it shrinks a file): zero them first.
+            self.zero_tail(&mut w, id, inode.size, true)?;
+        }
         let new_size = inode.size.max(end);
         let ss = self.geometry().sectorsize as u64;
         let first = offset / ss;

@@ -614,6 +614,8 @@ const BG_FLAGS: &[(&str, u64)] = &[
 const QGROUP_STATUS_FLAGS: &[(&str, u64)] = &[
     ("ON", 1),
     ("RESCAN", 2),
+    // btrfs-progs prints the rescan bit as SCANNING while a rescan runs.
+    ("SCANNING", 2),
     ("INCONSISTENT", 4),
     ("SIMPLE_MODE", 8),
 ];

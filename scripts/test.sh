@@ -61,6 +61,8 @@ fi
 own_test_dir=0
 if [ -z "${UBTRFS_TEST_DIR:-}" ]; then
     UBTRFS_TEST_DIR=$(mktemp -d "${TMPDIR:-/tmp}/ubtrfs-test.XXXXXX")
+    # Tests act as other users too (ownership, permissions): let them in.
+    chmod 755 "$UBTRFS_TEST_DIR"
     own_test_dir=1
 fi
 export UBTRFS_TEST_DIR

@@ -340,14 +340,7 @@ impl Filesystem {
             self.run_delayed_refs(w)?;
             let mut changed = false;
             let bg_tree = w.bg_tree;
-            let used: Vec<u64> = w
-                .blocks
-                .alloc
-                .groups
-                .values()
-                .filter(|g| g.dirty_used)
-                .map(|g| g.start)
-                .collect();
+            let used = dirty_groups(w, |g| g.dirty_used);
             for start in used {
                 let g = w
                     .blocks
@@ -367,14 +360,7 @@ impl Filesystem {
                 changed = true;
             }
             if w.has_fst {
-                let free: Vec<u64> = w
-                    .blocks
-                    .alloc
-                    .groups
-                    .values()
-                    .filter(|g| g.dirty_free)
-                    .map(|g| g.start)
-                    .collect();
+                let free = dirty_groups(w, |g| g.dirty_free);
                 for start in free {
                     let g = w
                         .blocks
@@ -600,6 +586,17 @@ impl Filesystem {
         }
         Ok(b)
     }
+}
+
+/// Starts of the block groups `pick` selects.
+fn dirty_groups(w: &Writer, pick: impl Fn(&crate::alloc::BlockGroup) -> bool) -> Vec<u64> {
+    w.blocks
+        .alloc
+        .groups
+        .values()
+        .filter(|g| pick(g))
+        .map(|g| g.start)
+        .collect()
 }
 
 fn put64(b: &mut [u8], off: usize, v: u64) {

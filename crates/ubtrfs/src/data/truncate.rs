@@ -412,17 +412,7 @@ impl Filesystem {
         // A compressed inline extent is stored again, plain.
         let content = self.read_stored(id, 0, new_size as usize)?;
         let removed = self.drop_range(w, id, 0, u64::MAX)?;
-        let fe = FileExtentItem {
-            generation: w.blocks.transid,
-            ram_bytes: content.len() as u64,
-            compression: COMPRESS_NONE,
-            encryption: 0,
-            other_encoding: 0,
-            extent_type: FILE_EXTENT_INLINE,
-            body: ExtentBody::Inline(content.clone()),
-        };
-        let bytes = fe.to_bytes();
-        self.modify_tree(w, id.subvol, |ed, root| ed.insert(root, key, bytes))?;
+        self.insert_inline(w, id, &content)?;
         Ok((removed, content.len() as u64))
     }
 

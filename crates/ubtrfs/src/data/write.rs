@@ -340,7 +340,7 @@ impl Filesystem {
             .any(|(_, fe)| matches!(fe.body, ExtentBody::Regular { disk_bytenr, .. } if disk_bytenr != 0)))
     }
 
-    fn insert_inline(&self, w: &mut Writer, id: InodeId, content: &[u8]) -> Result<()> {
+    pub(crate) fn insert_inline(&self, w: &mut Writer, id: InodeId, content: &[u8]) -> Result<()> {
         let fe = FileExtentItem {
             generation: w.blocks.transid,
             ram_bytes: content.len() as u64,

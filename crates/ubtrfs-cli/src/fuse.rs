@@ -882,16 +882,107 @@ impl fuser::Filesystem for FuseFs {
     fn ioctl(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _flags: fuser::IoctlFlags,
-        _cmd: u32,
-        _in_data: &[u8],
+        cmd: u32,
+        in_data: &[u8],
         _out_size: u32,
         reply: fuser::ReplyIoctl,
     ) {
-        reply.error(Errno::ENOSYS);
+        // chattr/lsattr: the kernel turns FS_IOC_GETFLAGS/SETFLAGS into these.
+        let id = self.inode_of(ino);
+        match cmd {
+            FS_IOC_GETFLAGS => match self.served.read(|fs| fs.stat(id)) {
+                Ok(st) => reply.ioctl(0, &to_fs_flags(st.flags).to_le_bytes()),
+                Err(e) => reply.error(errno(e)),
+            },
+            FS_IOC_SETFLAGS => {
+                let Some(raw) = in_data.get(..4) else {
+                    return reply.error(Errno::EINVAL);
+                };
+                let wanted = u32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]);
+                let Some(flags) = from_fs_flags(wanted) else {
+                    // Flags the library does not enforce are refused, not pretended.
+                    return reply.error(Errno::EOPNOTSUPP);
+                };
+                if !self.served.writable() {
+                    return reply.error(Errno::EROFS);
+                }
+                // Flags chattr cannot see here are kept as they are.
+                let mapped = FS_FLAG_MAP.iter().fold(0, |a, (_, b)| a | b);
+                let change = |fs: &ubtrfs::fs::Filesystem| {
+                    let cur = fs.stat(id)?.flags & ubtrfs::fs::SETTABLE_FLAGS;
+                    fs.set_flags(id, (cur & !mapped) | flags)
+                };
+                match self.served.write(|fs| change(fs).map_err(errno)) {
+                    Ok(_) => reply.ioctl(0, &[]),
+                    Err(e) => reply.error(e),
+                }
+            }
+            // The kernel reads the extended attributes too before a change.
+            FS_IOC_FSGETXATTR => match self.served.read(|fs| fs.stat(id)) {
+                Ok(st) => {
+                    let mut fsx = [0u8; 28];
+                    fsx[..4].copy_from_slice(&to_xflags(st.flags).to_le_bytes());
+                    reply.ioctl(0, &fsx)
+                }
+                Err(e) => reply.error(errno(e)),
+            },
+            _ => reply.error(Errno::ENOTTY),
+        }
     }
+}
+
+/// `FS_IOC_GETFLAGS` / `FS_IOC_SETFLAGS` (the long-sized encoding).
+const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
+const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+/// `FS_IOC_FSGETXATTR` (struct fsxattr, 28 bytes).
+const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+
+/// The `fsx_xflags` for btrfs inode flags (only no-dump and no-atime apply).
+fn to_xflags(flags: u64) -> u32 {
+    let mut x = 0;
+    if flags & ubtrfs::format::consts::INODE_NODUMP != 0 {
+        x |= 0x80;
+    }
+    if flags & ubtrfs::format::consts::INODE_NOATIME != 0 {
+        x |= 0x40;
+    }
+    x
+}
+
+/// The `chattr` flags ubtrfs keeps, and their btrfs inode flags.
+const FS_FLAG_MAP: [(u32, u64); 5] = [
+    (0x0080_0000, ubtrfs::format::consts::INODE_NODATACOW), // C: no copy-on-write
+    (0x0000_0004, ubtrfs::format::consts::INODE_COMPRESS),  // c: compress
+    (0x0000_0400, ubtrfs::format::consts::INODE_NOCOMPRESS), // m: no compression
+    (0x0000_0040, ubtrfs::format::consts::INODE_NODUMP),    // d: no dump
+    (0x0000_0080, ubtrfs::format::consts::INODE_NOATIME),   // A: no atime
+];
+
+fn to_fs_flags(flags: u64) -> u32 {
+    FS_FLAG_MAP
+        .iter()
+        .filter(|(_, b)| flags & b != 0)
+        .fold(0, |a, (f, _)| a | f)
+}
+
+/// The btrfs flags for `chattr` flags, or `None` if one is not kept (such as
+/// immutable or append-only, which the library does not enforce yet).
+fn from_fs_flags(wanted: u32) -> Option<u64> {
+    let known = FS_FLAG_MAP.iter().fold(0, |a, (f, _)| a | f);
+    // 0x8_0000 (extents) and 0x1000_0000 (inline data) are reported by other
+    // filesystems and echoed back by chattr; they mean nothing here.
+    if wanted & !(known | 0x0008_0000 | 0x1000_0000) != 0 {
+        return None;
+    }
+    Some(
+        FS_FLAG_MAP
+            .iter()
+            .filter(|(f, _)| wanted & f != 0)
+            .fold(0, |a, (_, b)| a | b),
+    )
 }
 
 /// Whether `uid`/`gid` may access `st` with `mask` (the caller refuses

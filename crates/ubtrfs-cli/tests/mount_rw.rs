@@ -982,3 +982,44 @@ fn unlinked_open_files_live_on() {
     let kernel = Mount::single(&img, &t.join("kernel"), "ro").unwrap();
     assert_eq!(fs::read_dir(kernel.path()).unwrap().count(), 0);
 }
+
+/// `chattr`/`lsattr` through FS_IOC_GETFLAGS/SETFLAGS: no-COW on an empty
+/// file, compression, and a refusal (not a pretence) for flags not kept.
+#[test]
+fn chattr_and_lsattr() {
+    require_privileged!();
+    let t = TestDir::new("mount-rw-chattr").unwrap();
+    let img = new_image(&t);
+    let m = RwMount::start(&img, &t.join("fuse"), &NO_TIMER);
+    let a = m.path().join("a");
+    let b = m.path().join("b");
+    fs::write(&a, b"").unwrap();
+    fs::write(&b, b"data").unwrap();
+    let chattr = |flag: &str, p: &Path| {
+        Command::new("chattr")
+            .arg(flag)
+            .arg(p)
+            .status()
+            .unwrap()
+            .success()
+    };
+    let lsattr = |p: &Path| {
+        let out = Command::new("lsattr").arg("-d").arg(p).output().unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap_or("")
+            .to_string()
+    };
+    assert!(chattr("+C", &a));
+    assert!(lsattr(&a).contains('C'), "{}", lsattr(&a));
+    assert!(!chattr("+C", &b), "no-COW on a file with data is refused");
+    assert!(chattr("+c", &b));
+    assert!(lsattr(&b).contains('c'));
+    assert!(!chattr("+i", &a), "immutable is not kept, so it is refused");
+    m.unmount_cleanly();
+    check_image(&img);
+    let fs = ubtrfs::fs::Filesystem::open(&[&img]).unwrap();
+    let st = fs.stat(fs.resolve_path(b"/a").unwrap()).unwrap();
+    assert_ne!(st.flags & ubtrfs::format::consts::INODE_NODATACOW, 0);
+}

@@ -12,6 +12,7 @@ mod subvol;
 mod xattr;
 
 pub use attr::{SetAttr, XATTR_CREATE, XATTR_REPLACE};
+pub use flags::SETTABLE_FLAGS;
 pub use inode::{DirEntry, FileKind, InodeId, Stat};
 pub use links::{RENAME_EXCHANGE, RENAME_NOREPLACE};
 pub use namespace::NewInode;

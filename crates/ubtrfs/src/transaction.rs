@@ -182,6 +182,18 @@ impl Filesystem {
             &fs.tree_by_id(FREE_SPACE_TREE_OBJECTID)?,
             sb.sectorsize as u64,
         )?;
+        let mut chunks = Vec::new();
+        for item in fs
+            .chunk_tree()
+            .items_of(FIRST_CHUNK_TREE_OBJECTID, CHUNK_ITEM_KEY)?
+        {
+            let item = item?;
+            chunks.push((
+                item.key().offset,
+                crate::format::items::ChunkItem::parse(item.data())?,
+            ));
+        }
+        block_group::exclude_super_copies(&mut alloc.groups, &chunks)?;
         let mut last_snapshot = HashMap::new();
         for item in fs.root_tree().range(Key::MIN, Key::MAX)? {
             let item = item?;

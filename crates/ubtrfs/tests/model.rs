@@ -11,8 +11,15 @@
 //! the image. At the end `btrfs check` must find no error and the kernel,
 //! mounting the image, must see the model's tree.
 //!
+//! Four main configurations (crc32c and xxhash, 4 and 16 KiB nodes,
+//! no-holes on and off) run the full number of operations; shorter runs
+//! (a quarter) cover sha256 and blake2, 64 KiB nodes, DUP and RAID1
+//! metadata, RAID1 and RAID0 data on two devices, and images made by the
+//! library's own mkfs (`ubtrfs mkfs`).
+//!
 //! `UBTRFS_MODEL_SEED=<n>` replays one seed on every configuration;
-//! `UBTRFS_MODEL_OPS=<n>` changes the number of operations;
+//! `UBTRFS_MODEL_OPS=<n>` changes the number of operations (the short
+//! configurations run a quarter of it);
 //! `UBTRFS_MODEL_ONLY=<label part>` runs the matching configurations only;
 //! `UBTRFS_MODEL_SERIAL=1` runs them one after the other;
 //! `UBTRFS_MODEL_CHECK=1` runs `btrfs check` after every commit.
@@ -1074,15 +1081,66 @@ struct Config {
     no_holes: bool,
     seed: u64,
     ops: usize,
+    /// Metadata profile (`mkfs -m`); the mkfs default if empty.
+    meta: &'static str,
+    /// Data profile (`mkfs -d`); the mkfs default if empty.
+    data: &'static str,
+    /// Number of image files (devices).
+    devices: usize,
+    /// Made by the library's mkfs (`ubtrfs mkfs`) instead of `mkfs.btrfs`.
+    lib_mkfs: bool,
 }
 
+/// The fields the older configurations leave at their defaults.
+const BASE: Config = Config {
+    label: "",
+    csum: "crc32c",
+    nodesize: 16384,
+    no_holes: true,
+    seed: 0,
+    ops: 0,
+    meta: "",
+    data: "",
+    devices: 1,
+    lib_mkfs: false,
+};
+
 fn mkfs(img: &Path, c: &Config) {
+    mkfs_devices(&[img.to_path_buf()], c)
+}
+
+/// Make the filesystem of `c` on `imgs` (all its devices).
+fn mkfs_devices(imgs: &[PathBuf], c: &Config) {
+    if c.lib_mkfs {
+        use ubtrfs::mkfs::{Features, MkfsOptions, make_filesystem_at, parse_csum, parse_profile};
+        let profile = |s: &str| (!s.is_empty()).then(|| parse_profile(s).unwrap());
+        let opts = MkfsOptions {
+            csum_type: parse_csum(c.csum).unwrap(),
+            nodesize: c.nodesize,
+            metadata_profile: profile(c.meta),
+            data_profile: profile(c.data),
+            features: Features {
+                no_holes: c.no_holes,
+                ..Features::default()
+            },
+            force: true,
+            ..MkfsOptions::default()
+        };
+        make_filesystem_at(imgs, &opts).unwrap_or_else(|e| panic!("ubtrfs mkfs: {e}"));
+        return;
+    }
     let mut cmd = Command::new("mkfs.btrfs");
     cmd.args(["-q", "-f", "--csum", c.csum, "-n", &c.nodesize.to_string()]);
     if !c.no_holes {
         cmd.args(["-O", "^no-holes"]);
     }
-    let out = cmd.arg(img).output().expect("mkfs.btrfs runs");
+    if !c.meta.is_empty() {
+        cmd.args(["-m", c.meta]);
+    }
+    if !c.data.is_empty() {
+        cmd.args(["-d", c.data]);
+    }
+    let out = cmd.args(imgs).output().expect("mkfs.btrfs runs");
     assert!(
         out.status.success(),
         "mkfs.btrfs: {}",
@@ -1091,17 +1149,41 @@ fn mkfs(img: &Path, c: &Config) {
 }
 
 fn btrfs_check(img: &Path) -> Result<(), String> {
-    let out = Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(img)
-        .output()
-        .expect("btrfs check runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    if out.status.success() && !text.contains("ERROR") && !text.contains("error(s) found") {
+    btrfs_check_devices(&[img.to_path_buf()])
+}
+
+/// `btrfs check` of the filesystem on `imgs`; several devices are attached
+/// to loop devices and scanned first (testkit does that).
+fn btrfs_check_devices(imgs: &[PathBuf]) -> Result<(), String> {
+    let text = if imgs.len() > 1 {
+        let image = testkit::Image {
+            devices: imgs.to_vec(),
+            source: None,
+            mkfs: testkit::MkfsOptions::default(),
+            mount_options: String::new(),
+            builder: testkit::corpus::Builder::Kernel,
+        };
+        match testkit::btrfs_check(&image) {
+            Ok(t) => t,
+            Err(e) => return Err(format!("{e:#}")),
+        }
+    } else {
+        let out = Command::new("btrfs")
+            .args(["check", "--readonly"])
+            .arg(&imgs[0])
+            .output()
+            .expect("btrfs check runs");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if !out.status.success() {
+            return Err(text);
+        }
+        text
+    };
+    if !text.contains("ERROR") && !text.contains("error(s) found") {
         Ok(())
     } else {
         Err(text)
@@ -1110,7 +1192,7 @@ fn btrfs_check(img: &Path) -> Result<(), String> {
 
 struct Run<'a> {
     c: &'a Config,
-    img: PathBuf,
+    imgs: Vec<PathBuf>,
     model: PathBuf,
     log: Vec<String>,
 }
@@ -1143,29 +1225,62 @@ impl Run<'_> {
     }
 
     fn check_image(&self, when: &str) {
-        if let Err(t) = btrfs_check(&self.img) {
-            let keep = std::env::temp_dir().join(format!("ubtrfs-model-{}.img", self.c.label));
-            let _ = fs::copy(&self.img, &keep);
+        if let Err(t) = btrfs_check_devices(&self.imgs) {
+            let mut kept = Vec::new();
+            for (i, img) in self.imgs.iter().enumerate() {
+                let keep = std::env::temp_dir().join(if self.imgs.len() > 1 {
+                    format!("ubtrfs-model-{}.dev{i}.img", self.c.label)
+                } else {
+                    format!("ubtrfs-model-{}.img", self.c.label)
+                });
+                let _ = fs::copy(img, &keep);
+                kept.push(keep.display().to_string());
+            }
             self.fail(&format!(
                 "{when}: btrfs check found errors (image kept at {}):\n{t}",
-                keep.display()
+                kept.join(" ")
             ));
+        }
+    }
+}
+
+/// Open the image read-write. A child process another thread forks may
+/// hold the image's lock for a moment (until it execs): the lock of the
+/// library's mkfs or of an earlier open, so a few retries.
+fn open_read_write(imgs: &[PathBuf]) -> ubtrfs::Result<Filesystem> {
+    let mut tries = 0;
+    loop {
+        match Filesystem::open_read_write(imgs) {
+            Err(ubtrfs::Error::Devices(_)) if tries < 100 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => return r,
         }
     }
 }
 
 fn run_config(c: &Config) {
     let t = Scratch::new(c.label);
-    let img = t.sparse_file("fs.img", 300 << 20).unwrap();
-    mkfs(&img, c);
+    let imgs: Vec<PathBuf> = (0..c.devices)
+        .map(|i| {
+            let name = if c.devices > 1 {
+                format!("dev{i}.img")
+            } else {
+                "fs.img".into()
+            };
+            t.sparse_file(&name, 300 << 20).unwrap()
+        })
+        .collect();
+    mkfs_devices(&imgs, c);
     let model = t.mkdir("model").unwrap();
     let mut run = Run {
         c,
-        img: img.clone(),
+        imgs: imgs.clone(),
         model: model.clone(),
         log: Vec::new(),
     };
-    let mut fs = Some(Filesystem::open_read_write(&[&img]).expect("open read-write"));
+    let mut fs = Some(open_read_write(&imgs).expect("open read-write"));
     let mut r = Rng(c.seed);
     let mut known = Known::scan(&model);
     let mut counts: BTreeMap<&'static str, [u32; 2]> = BTreeMap::new();
@@ -1190,18 +1305,9 @@ fn run_config(c: &Config) {
                 }
                 drop(fs.take());
                 run.check_image(&format!("after step {step}"));
-                // A child process another thread forks may hold the image's
-                // lock for a moment (until it execs).
-                let mut tries = 0;
-                fs = loop {
-                    match Filesystem::open_read_write(&[&img]) {
-                        Ok(f) => break Some(f),
-                        Err(ubtrfs::Error::Devices(_)) if tries < 100 => {
-                            tries += 1;
-                            std::thread::sleep(std::time::Duration::from_millis(20));
-                        }
-                        Err(e) => run.fail(&format!("reopen failed: {e}")),
-                    }
+                fs = match open_read_write(&imgs) {
+                    Ok(f) => Some(f),
+                    Err(e) => run.fail(&format!("reopen failed: {e}")),
                 };
                 run.compare(
                     fs.as_ref().unwrap(),
@@ -1259,7 +1365,7 @@ fn run_config(c: &Config) {
     run.check_image("at the end");
     // The kernel's view.
     let mnt = t.join("mnt");
-    let m = Mount::single(&img, &mnt, "").expect("the kernel mounts the image");
+    let m = Mount::new(&imgs, &mnt, "").expect("the kernel mounts the image");
     let got = host_tree(m.path());
     let want = host_tree(&model);
     let d = diff_trees(&want, &got);
@@ -1289,22 +1395,62 @@ fn configs() -> Vec<Config> {
     let seed = std::env::var("UBTRFS_MODEL_SEED")
         .ok()
         .and_then(|v| v.parse().ok());
+    // The main configurations: checksums, node sizes, no-holes.
     let base = [
         ("crc32c-4k-holes", "crc32c", 4096, false, 1),
         ("xxhash-16k-noholes", "xxhash", 16384, true, 2),
         ("xxhash-4k-noholes", "xxhash", 4096, true, 3),
         ("crc32c-16k-holes", "crc32c", 16384, false, 4),
+    ]
+    .map(|(label, csum, nodesize, no_holes, s)| Config {
+        label,
+        csum,
+        nodesize,
+        no_holes,
+        seed: s,
+        ops,
+        ..BASE
+    });
+    // Shorter runs of the rest: the other checksums, 64 KiB nodes,
+    // metadata and data profiles, two devices, and images the library's
+    // own mkfs made. (label, csum, nodesize, no-holes, -m, -d, devices,
+    // library mkfs, seed)
+    let short = ops.div_ceil(4);
+    #[rustfmt::skip]
+    let table = [
+        ("sha256-16k-holes", "sha256", 16384, false, "", "", 1, false, 5),
+        ("blake2-4k-noholes", "blake2", 4096, true, "", "", 1, false, 6),
+        ("crc32c-64k-noholes", "crc32c", 65536, true, "", "", 1, false, 7),
+        ("xxhash-64k-holes", "xxhash", 65536, false, "", "", 1, false, 8),
+        ("crc32c-4k-dup", "crc32c", 4096, true, "dup", "single", 1, false, 9),
+        ("xxhash-4k-raid1-2dev", "xxhash", 4096, true, "raid1", "raid1", 2, false, 10),
+        ("crc32c-16k-raid0-2dev", "crc32c", 16384, false, "raid1", "raid0", 2, false, 11),
+        ("ubtrfs-mkfs-crc32c-16k", "crc32c", 16384, true, "", "", 1, true, 12),
+        ("ubtrfs-mkfs-sha256-4k-holes", "sha256", 4096, false, "dup", "single", 1, true, 13),
+        ("ubtrfs-mkfs-blake2-64k-raid1-2dev", "blake2", 65536, true, "raid1", "raid1", 2, true, 14),
+        ("ubtrfs-mkfs-xxhash-4k-raid0-2dev", "xxhash", 4096, false, "raid1", "raid0", 2, true, 15),
     ];
-    let only = std::env::var("UBTRFS_MODEL_ONLY").ok();
-    base.iter()
-        .filter(|b| only.as_deref().is_none_or(|o| b.0.contains(o)))
-        .map(|&(label, csum, nodesize, no_holes, s)| Config {
+    let more = table.map(
+        |(label, csum, nodesize, no_holes, meta, data, devices, lib_mkfs, s)| Config {
             label,
             csum,
             nodesize,
             no_holes,
-            seed: seed.unwrap_or(s),
-            ops,
+            seed: s,
+            ops: short,
+            meta,
+            data,
+            devices,
+            lib_mkfs,
+        },
+    );
+    let only = std::env::var("UBTRFS_MODEL_ONLY").ok();
+    base.into_iter()
+        .chain(more)
+        .filter(|c| only.as_deref().is_none_or(|o| c.label.contains(o)))
+        .map(|c| Config {
+            seed: seed.unwrap_or(c.seed),
+            ..c
         })
         .collect()
 }
@@ -1723,6 +1869,7 @@ fn the_kernel_writes_the_same_items() {
         no_holes: false,
         seed: 0,
         ops: 0,
+        ..BASE
     };
     same_items_as_the_kernel(&c, layout_script());
 }
@@ -1739,6 +1886,7 @@ fn extended_refs_as_the_kernel_writes_them() {
         no_holes: true,
         seed: 0,
         ops: 0,
+        ..BASE
     };
     let name = |i: usize| format!("d/{}{i}", "n".repeat(200));
     let mut script = vec![
@@ -1875,6 +2023,7 @@ fn growing_a_file_the_kernel_shrank_shows_zeros() {
         no_holes: true,
         seed: 0,
         ops: 0,
+        ..BASE
     };
     let img = t.sparse_file("fs.img", 300 << 20).unwrap();
     mkfs(&img, &c);
@@ -1942,6 +2091,7 @@ fn size_limits_are_the_kernels() {
             no_holes: true,
             seed: 0,
             ops: 0,
+            ..BASE
         };
         let t = Scratch::new("limits");
         let (ki, li) = (

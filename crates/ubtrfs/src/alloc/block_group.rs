@@ -114,3 +114,65 @@ pub fn free_space_from_extent_tree(
     }
     Ok(())
 }
+
+/// Take the superblock copies out of the free space: a chunk another
+/// program made may cover one on some device (ubtrfs keeps its own chunks
+/// off them), and the kernel never puts data or tree blocks there. For
+/// striped profiles the whole row of stripes holding the copy is left out.
+pub fn exclude_super_copies(
+    groups: &mut std::collections::BTreeMap<u64, BlockGroup>,
+    chunks: &[(u64, crate::format::items::ChunkItem)],
+) -> Result<()> {
+    use crate::volume::Profile;
+    for (logical, c) in chunks {
+        let Some(g) = groups.get_mut(logical) else {
+            continue;
+        };
+        let n = c.stripes.len() as u64;
+        let profile = Profile::from_flags(c.chunk_type)?;
+        // Data stripes in one row (0: not striped).
+        let row = match profile {
+            Profile::Raid0 => n,
+            Profile::Raid10 => n / (c.sub_stripes.max(1) as u64),
+            Profile::Raid5 => n.saturating_sub(1),
+            Profile::Raid6 => n.saturating_sub(2),
+            _ => 0,
+        };
+        let dev_len = c.length.checked_div(row).unwrap_or(c.length);
+        let stripe_len = if c.stripe_len == 0 {
+            0x1_0000
+        } else {
+            c.stripe_len
+        };
+        for (i, s) in c.stripes.iter().enumerate() {
+            let i = i as u64;
+            for &sb in &SUPER_OFFSETS {
+                if sb < s.offset || sb >= s.offset + dev_len {
+                    continue;
+                }
+                // The stripe holding the copy, as the kernel leaves it out.
+                let nr = (sb - s.offset) / stripe_len;
+                let (lo, len) = match profile {
+                    Profile::Raid0 => (logical + (nr * row + i) * stripe_len, stripe_len),
+                    Profile::Raid10 => (
+                        logical + (nr * row + i / (c.sub_stripes.max(1) as u64)) * stripe_len,
+                        stripe_len,
+                    ),
+                    // Parity rotates: the whole row.
+                    Profile::Raid5 | Profile::Raid6 => {
+                        (logical + nr * row * stripe_len, row * stripe_len)
+                    }
+                    _ => (logical + nr * stripe_len, stripe_len),
+                };
+                let (lo, hi) = (lo.max(g.start), (lo + len).min(g.start + g.len));
+                for (a, l) in g.free.clone().iter() {
+                    let (x, y) = (a.max(lo), (a + l).min(hi));
+                    if x < y {
+                        g.free.remove(x, y - x);
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -46,6 +46,23 @@ if ((${#missing[@]})); then
     fi
 fi
 
+# --- external test suites: pjdfstest and fsx ------------------------------
+# crates/ubtrfs-cli/tests/{pjdfstest,fsx}.rs run these programs, built from
+# crates.io (pinned versions) into the target directory, where the tests
+# look for them; a machine that has them already does not rebuild them.
+TOOLS_DIR="${CARGO_TARGET_DIR:-$PWD/target}/test-tools"
+install_tool() { # CRATE VERSION
+    local crate=$1 version=$2 have
+    have=$("$TOOLS_DIR/bin/$crate" --version 2>/dev/null || true)
+    [ "$have" = "$crate $version" ] && return
+    log "installing $crate $version into $TOOLS_DIR"
+    cargo install --quiet --locked --force "$crate" --version "=$version" --root "$TOOLS_DIR"
+}
+install_tool pjdfstest 0.2.2
+install_tool fsx 0.3.2
+export UBTRFS_TOOLS_DIR="$TOOLS_DIR"
+# --- end of external test suites -------------------------------------------
+
 # --- kernel ----------------------------------------------------------------
 if ((root)); then
     if command -v modprobe >/dev/null; then modprobe btrfs 2>/dev/null || true; fi

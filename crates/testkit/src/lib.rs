@@ -34,10 +34,13 @@
 mod cmd;
 pub mod compare;
 pub mod corpus;
+pub mod fuse_mount;
 pub mod generate;
 mod loopdev;
 mod mount;
 pub mod populate;
+pub mod scratch_fs;
+pub mod snapshot;
 pub mod sys;
 mod tmp;
 

@@ -17,12 +17,40 @@
 //!
 //! # Caching
 //!
-//! Writes go through to the library (no FUSE writeback cache: the kernel
-//! holds no dirty pages of its own). Every reply that creates or changes an
-//! inode carries its fresh attributes from the library, and the kernel
-//! drops what it cached for the other inodes an operation touches (the
-//! parent directories, the target of an unlink or rename); entries and
-//! attributes are cached for [`TTL`] only.
+//! The mount is the only writer of its devices, and every change reaches
+//! it through the kernel, so the kernel may cache a lot, for long:
+//!
+//! * a read-write mount uses the kernel's writeback cache: writes land in
+//!   the page cache and reach the library later, in requests of up to
+//!   [`MAX_WRITE`] bytes (when the kernel writes pages back, before
+//!   `fsync`, on close, and at unmount). The kernel then keeps the size and
+//!   the modification and change times of regular files itself and sends
+//!   them with `setattr` (the library is kept from moving the times on
+//!   its own: see `write.rs`); it handles `O_APPEND` and reads pages it
+//!   only partly overwrites.
+//! * pages stay cached across opens (`FOPEN_KEEP_CACHE`): the kernel drops
+//!   by itself what truncate, fallocate and copy_file_range change.
+//! * entries (negative ones too) and attributes are cached for [`TTL_RW`]
+//!   (read-write) or [`TTL_RO`]. Every reply that creates or changes an
+//!   inode carries its fresh attributes, and the kernel drops what it
+//!   cached for the other inodes an operation touches (parent directories,
+//!   the target of an unlink or rename). What the library changes on its
+//!   own is notified: the bytes a file takes on disk settle when its data
+//!   is written back, so after each commit the attributes of the files
+//!   written since the last one are invalidated ([`Served::note_changed`]);
+//!   killing a set-user-ID bit on a write invalidates that inode's.
+//! * set-user-ID and set-group-ID bits are killed by the mount, not by
+//!   the kernel (`FUSE_HANDLE_KILLPRIV_V2`), which spares the kernel a
+//!   `getxattr("security.capability")` before every write (see `write.rs`).
+//!
+//! # Reflinks
+//!
+//! `copy_file_range` between sector-aligned offsets shares extents
+//! ([`Filesystem::clone_range`]), so `cp` (which tries it) reflinks;
+//! other ranges are copied by the mount (see `copy.rs`). The `FICLONE` and
+//! `FICLONERANGE` ioctls (`cp --reflink=always`) never reach a FUSE
+//! filesystem: the kernel answers them itself, with `EOPNOTSUPP`, since
+//! FUSE has no request for them.
 //!
 //! # Inode numbers
 //!
@@ -46,12 +74,15 @@
 //! sequence number plus 2, so a listing resumes exactly where it stopped
 //! even if it was interrupted.
 
+pub mod control;
+mod copy;
 mod served;
 mod write;
 
 pub use served::Served;
 
 use crate::util::rdev_to_fuse;
+use control::Counter;
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
@@ -59,15 +90,23 @@ use fuser::{
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use ubtrfs::data::seek::Whence;
 use ubtrfs::format::items::Timespec;
 use ubtrfs::fs::{FileKind, Filesystem, InodeId, Stat};
 
-/// How long the kernel may cache entries and attributes. Short: a reply
-/// after a change is fresh, but the kernel is not told of every inode a
-/// change touches indirectly (a directory's size and times, say).
-const TTL: Duration = Duration::from_secs(1);
+/// How long the kernel may cache entries and attributes of a read-write
+/// mount: every change but those notified reaches the library through the
+/// kernel (see the module documentation).
+pub const TTL_RW: Duration = Duration::from_secs(60);
+/// The same for a read-only mount, where nothing changes.
+pub const TTL_RO: Duration = Duration::from_secs(3600);
+/// Largest write request asked for. The kernel caps it further by its
+/// page limit (`fs.fuse.max_pages_limit`, 1 MiB by default).
+pub const MAX_WRITE: u32 = 4 << 20;
+/// Readahead asked for, to match: the kernel caps it by what it offers.
+pub const MAX_READAHEAD: u32 = 1 << 20;
 /// Tree id of the top-level subvolume.
 const TOP_SUBVOL: u64 = 5;
 /// Bits of a FUSE inode number that carry the btrfs inode number.
@@ -78,24 +117,51 @@ const MAX_SUBVOL: u64 = (1 << (64 - INO_BITS)) - 1;
 /// First directory cookie of a real entry (1 and 2 are `.` and `..`).
 const COOKIE_BASE: u64 = 2;
 
+/// How a filesystem is served (from the mount options).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// The directory that becomes the mount's root: a subvolume's root.
+    pub root: InodeId,
+    /// Inode flags every new regular file gets (the `nodatacow` and
+    /// `nodatasum` mount options), as the kernel gives them.
+    pub new_file_flags: u64,
+}
+
 /// A ubtrfs filesystem served over FUSE.
 pub struct FuseFs {
-    served: std::sync::Arc<Served>,
+    served: Arc<Served>,
     root: InodeId,
     /// Data sector size: `st_blocks` counts whole sectors, as the kernel does.
     sectorsize: u64,
+    new_file_flags: u64,
+    /// What the kernel agreed to at init.
+    writeback_cache: bool,
+    killpriv: bool,
+    stats: control::Stats,
 }
 
 impl FuseFs {
-    /// Serve `served`; its default subvolume's root becomes the mount's root.
-    pub fn new(served: std::sync::Arc<Served>) -> Self {
+    /// Serve `served` as `opts` say.
+    pub fn new(served: Arc<Served>, opts: Options) -> Self {
         let fs = served.fs_unlocked();
-        let root = fs.root();
         let sectorsize = u64::from(fs.superblock().sectorsize.max(512));
         FuseFs {
             served,
-            root,
+            root: opts.root,
             sectorsize,
+            new_file_flags: opts.new_file_flags,
+            writeback_cache: false,
+            killpriv: false,
+            stats: control::Stats::default(),
+        }
+    }
+
+    /// How long the kernel may cache entries and attributes.
+    fn ttl(&self) -> Duration {
+        if self.served.writable() {
+            TTL_RW
+        } else {
+            TTL_RO
         }
     }
 
@@ -146,6 +212,7 @@ impl FuseFs {
     fn child(&self, fs: &Filesystem, dir: InodeId, name: &[u8]) -> Result<InodeId, Errno> {
         match name {
             b"." => Ok(dir),
+            b".." if dir == self.root => Ok(dir),
             b".." => fs.parent(dir).map_err(errno),
             _ => Ok(fs.lookup(dir, name).map_err(errno)?.id),
         }
@@ -158,7 +225,13 @@ impl FuseFs {
             out.push((1, b".".to_vec(), dir, FileKind::Dir));
         }
         if offset < 2 {
-            let parent = fs.parent(dir).map_err(errno)?;
+            // The mount's root has no parent inside the mount (it may be a
+            // subvolume mounted with subvol=).
+            let parent = if dir == self.root {
+                dir
+            } else {
+                fs.parent(dir).map_err(errno)?
+            };
             out.push((2, b"..".to_vec(), parent, FileKind::Dir));
         }
         let after = offset.saturating_sub(COOKIE_BASE);
@@ -258,6 +331,27 @@ fn system_time(t: &Timespec) -> SystemTime {
     }
 }
 
+/// The attributes of a negative entry: inode 0 means "no such name".
+fn negative_entry() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
 /// Answer an xattr request with the size-probe protocol: a request of size
 /// 0 learns the size, a too-small buffer gets `ERANGE`.
 fn reply_sized(reply: ReplyXattr, size: u32, data: &[u8]) {
@@ -276,15 +370,30 @@ fn reply_sized(reply: ReplyXattr, size: u32, data: &[u8]) {
 impl fuser::Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // A kernel without a capability simply keeps the default behaviour.
-        for cap in [
+        let mut wanted = vec![
             InitFlags::FUSE_DO_READDIRPLUS,
             InitFlags::FUSE_READDIRPLUS_AUTO,
             InitFlags::FUSE_CACHE_SYMLINKS,
             InitFlags::FUSE_PARALLEL_DIROPS,
-        ] {
-            if config.add_capabilities(cap).is_err() {
-                tracing::debug!("kernel lacks FUSE capability {cap:?}");
+        ];
+        if self.served.writable() {
+            wanted.push(InitFlags::FUSE_WRITEBACK_CACHE);
+            wanted.push(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
+        }
+        for cap in wanted {
+            match config.add_capabilities(cap) {
+                Ok(()) if cap == InitFlags::FUSE_WRITEBACK_CACHE => self.writeback_cache = true,
+                Ok(()) if cap == InitFlags::FUSE_HANDLE_KILLPRIV_V2 => self.killpriv = true,
+                Ok(()) => {}
+                Err(_) => tracing::debug!("kernel lacks FUSE capability {cap:?}"),
             }
+        }
+        // Both capped by the kernel: take what it allows.
+        if let Err(max) = config.set_max_write(MAX_WRITE) {
+            let _ = config.set_max_write(max);
+        }
+        if let Err(max) = config.set_max_readahead(MAX_READAHEAD) {
+            let _ = config.set_max_readahead(max);
         }
         Ok(())
     }
@@ -298,23 +407,28 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.stats.count(Counter::Lookup);
         let result = self.served.read(|fs| {
             let id = self.child(fs, self.inode_of(parent), name.as_bytes())?;
             self.entry(&fs.stat(id).map_err(errno)?)
         });
         match result {
-            Ok((attr, generation)) => reply.entry(&TTL, &attr, generation),
+            Ok((attr, generation)) => reply.entry(&self.ttl(), &attr, generation),
+            // A negative entry (inode 0) the kernel may cache: a name only
+            // appears through the kernel, which then drops it.
+            Err(Errno::ENOENT) => reply.entry(&self.ttl(), &negative_entry(), Generation(0)),
             Err(e) => reply.error(e),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.stats.count(Counter::Getattr);
         match self
             .served
             .read(|fs| self.stat(fs, ino))
             .and_then(|st| self.attr(&st))
         {
-            Ok(attr) => reply.attr(&TTL, &attr),
+            Ok(attr) => reply.attr(&self.ttl(), &attr),
             Err(e) => reply.error(e),
         }
     }
@@ -333,7 +447,8 @@ impl fuser::Filesystem for FuseFs {
         }
         match self.served.read(|fs| self.stat(fs, ino)) {
             Ok(st) if st.kind == FileKind::Dir => reply.error(Errno::EISDIR),
-            // Nothing changes under a read-only mount: keep the page cache.
+            // Nothing changes data behind the kernel's back (see the module
+            // documentation): keep the page cache.
             Ok(_) if !self.served.writable() => {
                 reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
             }
@@ -341,7 +456,7 @@ impl fuser::Filesystem for FuseFs {
             // The open file keeps its inode alive if its last name goes.
             Ok(_) => {
                 self.served.read(|fs| fs.hold_inode(self.inode_of(ino)));
-                reply.opened(FileHandle(0), FopenFlags::empty())
+                reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
             }
             Err(e) => reply.error(e),
         }
@@ -358,6 +473,8 @@ impl fuser::Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        self.stats.count(Counter::Read);
+        self.stats.max(Counter::MaxRead, u64::from(size));
         match self
             .served
             .read(|fs| fs.read(self.inode_of(ino), offset, size as usize))
@@ -396,16 +513,17 @@ impl fuser::Filesystem for FuseFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Called on every close(2). The adapter buffers nothing: each write
-        // was handed to the library before it was answered (no writeback
-        // cache), so there is nothing of this file left to pass on. Making
-        // it durable is fsync's job (close does not promise that).
+        // Called on every close(2), after the kernel has written back the
+        // file's dirty pages (writeback cache); the adapter buffers nothing
+        // of its own. Making it durable is fsync's job (close does not
+        // promise that).
         reply.ok();
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
-        // No log tree yet: an fsync commits the whole transaction. On a
-        // read-only mount nothing is ever dirty.
+        // The kernel has written back the file's dirty pages and waited for
+        // those writes before it asks. No log tree yet: an fsync commits the
+        // whole transaction. On a read-only mount nothing is ever dirty.
         match self.served.commit("fsync") {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
@@ -432,6 +550,7 @@ impl fuser::Filesystem for FuseFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        self.stats.count(Counter::Readdir);
         let entries = match self
             .served
             .read(|fs| self.entries(fs, self.inode_of(ino), offset))
@@ -459,6 +578,7 @@ impl fuser::Filesystem for FuseFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        self.stats.count(Counter::Readdirplus);
         // Listing and attributes under one hold of the lock: one snapshot.
         let listed = self.served.read(|fs| {
             let entries = self.entries(fs, self.inode_of(ino), offset)?;
@@ -473,9 +593,10 @@ impl fuser::Filesystem for FuseFs {
             Ok(l) => l,
             Err(e) => return reply.error(e),
         };
+        let ttl = self.ttl();
         for (cookie, name, (attr, generation)) in listed {
             let name = OsStr::from_bytes(&name);
-            if reply.add(attr.ino, cookie, name, &TTL, &attr, generation) {
+            if reply.add(attr.ino, cookie, name, &ttl, &attr, generation) {
                 break;
             }
         }
@@ -525,6 +646,7 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        self.stats.count(Counter::Getxattr);
         match self
             .served
             .read(|fs| fs.get_xattr(self.inode_of(ino), name.as_bytes()))
@@ -569,7 +691,7 @@ impl fuser::Filesystem for FuseFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -598,8 +720,9 @@ impl fuser::Filesystem for FuseFs {
             mtime,
             ctime,
         };
-        match self.do_setattr(ino, change) {
-            Ok(attr) => reply.attr(&TTL, &attr),
+        self.stats.count(Counter::Setattr);
+        match self.do_setattr(req, ino, change) {
+            Ok(attr) => reply.attr(&self.ttl(), &attr),
             Err(e) => reply.error(e),
         }
     }
@@ -615,7 +738,7 @@ impl fuser::Filesystem for FuseFs {
         reply: ReplyEntry,
     ) {
         match self.do_create(req, parent, name, mode & !umask, rdev) {
-            Ok((attr, generation)) => reply.entry(&TTL, &attr, generation),
+            Ok((attr, generation)) => reply.entry(&self.ttl(), &attr, generation),
             Err(e) => reply.error(e),
         }
     }
@@ -631,7 +754,7 @@ impl fuser::Filesystem for FuseFs {
     ) {
         let mode = libc::S_IFDIR | (mode & !umask & 0o7777);
         match self.do_create(req, parent, name, mode, 0) {
-            Ok((attr, generation)) => reply.entry(&TTL, &attr, generation),
+            Ok((attr, generation)) => reply.entry(&self.ttl(), &attr, generation),
             Err(e) => reply.error(e),
         }
     }
@@ -667,7 +790,7 @@ impl fuser::Filesystem for FuseFs {
         reply: ReplyEntry,
     ) {
         match self.do_symlink(req, parent, link_name, target.as_os_str()) {
-            Ok((attr, generation)) => reply.entry(&TTL, &attr, generation),
+            Ok((attr, generation)) => reply.entry(&self.ttl(), &attr, generation),
             Err(e) => reply.error(e),
         }
     }
@@ -702,7 +825,7 @@ impl fuser::Filesystem for FuseFs {
             self.entry(&st)
         });
         match result {
-            Ok((attr, generation)) => reply.entry(&TTL, &attr, generation),
+            Ok((attr, generation)) => reply.entry(&self.ttl(), &attr, generation),
             Err(e) => reply.error(e),
         }
     }
@@ -714,18 +837,22 @@ impl fuser::Filesystem for FuseFs {
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: fuser::WriteFlags,
+        write_flags: fuser::WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: fuser::ReplyWrite,
     ) {
-        let id = self.inode_of(ino);
-        let result = self.served.write(|fs| {
-            let n = fs.write(id, offset, data).map_err(errno)?;
-            u32::try_from(n).map_err(|_| Errno::EOVERFLOW)
-        });
-        match result {
-            Ok(n) => reply.written(n),
+        self.stats.count(Counter::Write);
+        self.stats.max(Counter::MaxWrite, data.len() as u64);
+        let kill = write_flags.contains(fuser::WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        match self.do_write(ino, offset, data, kill) {
+            Ok((n, killed)) => {
+                reply.written(n);
+                if killed {
+                    // The kernel still has the old mode cached.
+                    self.served.invalidate_attrs(ino);
+                }
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -771,7 +898,8 @@ impl fuser::Filesystem for FuseFs {
             Ok((attr, generation)) => {
                 self.served
                     .read(|fs| fs.hold_inode(self.inode_of(attr.ino)));
-                reply.created(&TTL, &attr, generation, FileHandle(0), FopenFlags::empty())
+                let (ttl, keep) = (self.ttl(), FopenFlags::FOPEN_KEEP_CACHE);
+                reply.created(&ttl, &attr, generation, FileHandle(0), keep)
             }
             Err(e) => reply.error(e),
         }
@@ -823,26 +951,38 @@ impl fuser::Filesystem for FuseFs {
         }
     }
 
-    // Not implemented (the kernel falls back to its generic behaviour for
-    // these: copy_file_range copies through read and write, locks are
-    // kept by the kernel for this mount). Answered here without fuser's
-    // default warning on every call.
-
     fn copy_file_range(
         &self,
         _req: &Request,
-        _ino_in: INodeNo,
+        ino_in: INodeNo,
         _fh_in: FileHandle,
-        _offset_in: u64,
-        _ino_out: INodeNo,
+        offset_in: u64,
+        ino_out: INodeNo,
         _fh_out: FileHandle,
-        _offset_out: u64,
-        _len: u64,
-        _flags: fuser::CopyFileRangeFlags,
+        offset_out: u64,
+        len: u64,
+        flags: fuser::CopyFileRangeFlags,
         reply: fuser::ReplyWrite,
     ) {
-        reply.error(Errno::ENOSYS);
+        self.stats.count(Counter::CopyFileRange);
+        if !flags.is_empty() {
+            return reply.error(Errno::EINVAL);
+        }
+        let copy = copy::Copy {
+            src: ino_in,
+            src_off: offset_in,
+            dst: ino_out,
+            dst_off: offset_out,
+            len,
+        };
+        match self.do_copy_file_range(copy) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(e),
+        }
     }
+
+    // Not implemented (locks are kept by the kernel for this mount).
+    // Answered here without fuser's default warning on every call.
 
     fn getlk(
         &self,
@@ -892,7 +1032,23 @@ impl fuser::Filesystem for FuseFs {
     ) {
         // chattr/lsattr: the kernel turns FS_IOC_GETFLAGS/SETFLAGS into these.
         let id = self.inode_of(ino);
+        if cmd != control::UBTRFS_IOC_SERVER_INFO {
+            self.stats.count(Counter::Ioctl);
+        }
         match cmd {
+            control::UBTRFS_IOC_SERVER_INFO => {
+                let mut flags = 0;
+                if self.writeback_cache {
+                    flags |= control::FLAG_WRITEBACK_CACHE;
+                }
+                if self.killpriv {
+                    flags |= control::FLAG_KILLPRIV_V2;
+                }
+                if self.served.writable() {
+                    flags |= control::FLAG_READ_WRITE;
+                }
+                reply.ioctl(0, &self.stats.reply(flags))
+            }
             FS_IOC_GETFLAGS => match self.served.read(|fs| fs.stat(id)) {
                 Ok(st) => reply.ioctl(0, &to_fs_flags(st.flags).to_le_bytes()),
                 Err(e) => reply.error(errno(e)),

@@ -35,11 +35,16 @@ enum Command {
     Restore(cmd::restore::Args),
     /// Mount a filesystem through FUSE.
     Mount(cmd::mount::Args),
+    /// Unmount a FUSE mount and wait for its last commit.
+    Umount(cmd::umount::Args),
     /// Make a new filesystem on one or more devices or image files.
     Mkfs(Box<cmd::mkfs::Args>),
     /// Look at on-disk structures.
     #[command(subcommand)]
     Inspect(cmd::inspect::Command),
+    /// Create subvolumes and snapshots.
+    #[command(subcommand)]
+    Subvolume(cmd::subvolume::Command),
 }
 
 fn main() -> ExitCode {
@@ -50,8 +55,10 @@ fn main() -> ExitCode {
         Command::Cat(args) => cmd::cat::run(args),
         Command::Restore(args) => cmd::restore::run(args, cli.verbose),
         Command::Mount(args) => cmd::mount::run(args),
+        Command::Umount(args) => cmd::umount::run(args),
         Command::Mkfs(args) => cmd::mkfs::run(*args),
         Command::Inspect(command) => cmd::inspect::run(command),
+        Command::Subvolume(command) => cmd::subvolume::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

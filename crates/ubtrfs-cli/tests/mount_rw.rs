@@ -1023,3 +1023,856 @@ fn chattr_and_lsattr() {
     let st = fs.stat(fs.resolve_path(b"/a").unwrap()).unwrap();
     assert_ne!(st.flags & ubtrfs::format::consts::INODE_NODATACOW, 0);
 }
+
+// ---------------------------------------------------------------------
+// The mount's own account of the requests it served: the ioctl of
+// `crates/ubtrfs-cli/src/fuse/control.rs`, whose layout is repeated here.
+
+/// `UBTRFS_IOC_SERVER_INFO`: 16 little-endian words.
+const IOC_SERVER_INFO: u32 = 0x8080_75e0;
+/// Word indexes of its reply.
+mod info {
+    pub const MAGIC: usize = 0;
+    pub const PID: usize = 1;
+    pub const FLAGS: usize = 2;
+    pub const LOOKUP: usize = 3;
+    pub const GETATTR: usize = 4;
+    pub const READDIR: usize = 5;
+    pub const READDIRPLUS: usize = 6;
+    pub const READ: usize = 7;
+    pub const MAX_WRITE: usize = 9;
+    pub const MAX_READ: usize = 10;
+    pub const GETXATTR: usize = 11;
+    pub const COPY_FILE_RANGE: usize = 12;
+    pub const REFLINKED: usize = 13;
+    pub const IOCTL: usize = 15;
+    /// "ubtrfs", format 1.
+    pub const MAGIC_VALUE: u64 = u64::from_le_bytes(*b"ubtrfs\x00\x01");
+    pub const FLAG_WRITEBACK_CACHE: u64 = 1;
+    pub const FLAG_KILLPRIV_V2: u64 = 2;
+    pub const FLAG_READ_WRITE: u64 = 4;
+}
+
+/// What the mount serving `path` says about itself.
+fn server_info(path: &Path) -> [u64; 16] {
+    use std::os::fd::AsRawFd;
+    let f = File::open(path).unwrap();
+    let mut buf = [0u8; 128];
+    // SAFETY: the ioctl writes at most the 128 bytes its number encodes.
+    let rc = unsafe { libc::ioctl(f.as_raw_fd(), IOC_SERVER_INFO as _, buf.as_mut_ptr()) };
+    assert_eq!(
+        rc,
+        0,
+        "server info ioctl: {}",
+        std::io::Error::last_os_error()
+    );
+    let mut words = [0u64; 16];
+    for (w, b) in words.iter_mut().zip(buf.chunks_exact(8)) {
+        *w = u64::from_le_bytes(b.try_into().unwrap());
+    }
+    assert_eq!(words[info::MAGIC], info::MAGIC_VALUE);
+    words
+}
+
+/// Drop the clean cached pages of `f` (so the kernel must read them again).
+fn drop_cached_pages(f: &File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain calls on an open descriptor.
+    unsafe {
+        assert_eq!(libc::fdatasync(f.as_raw_fd()), 0);
+        assert_eq!(
+            libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED),
+            0
+        );
+    }
+}
+
+/// Write `data` at `at` of the shared mapping of `f`, growing nothing
+/// (the file must be large enough), then unmap; with `sync`, msync first.
+fn mmap_write(f: &File, at: usize, data: &[u8], sync: bool) {
+    use std::os::fd::AsRawFd;
+    let len = f.metadata().unwrap().len() as usize;
+    assert!(at + data.len() <= len);
+    // SAFETY: a shared read-write mapping of the whole (non-empty) file,
+    // written only inside its bounds, then unmapped.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        std::ptr::copy_nonoverlapping(data.as_ptr(), (p as *mut u8).add(at), data.len());
+        if sync {
+            assert_eq!(libc::msync(p, len, libc::MS_SYNC), 0);
+        }
+        assert_eq!(libc::munmap(p, len), 0);
+    }
+}
+
+/// `data` put at `at` into `m`, growing it with zeros.
+fn put(m: &mut Vec<u8>, at: usize, data: &[u8]) {
+    if m.len() < at + data.len() {
+        m.resize(at + data.len(), 0);
+    }
+    m[at..at + data.len()].copy_from_slice(data);
+}
+
+/// Every file of `model` reads as it says under `root`.
+fn assert_files(what: &str, root: &Path, model: &[(&str, Vec<u8>)]) {
+    for (name, want) in model {
+        let got = fs::read(root.join(name)).unwrap();
+        assert!(
+            got == *want,
+            "{what}: {name}: {} bytes, expected {}",
+            got.len(),
+            want.len()
+        );
+    }
+}
+
+impl RwMount {
+    /// `ubtrfs umount`: it must succeed, printing nothing, and return only
+    /// once this process has exited, cleanly.
+    fn umount_command(mut self) {
+        let out = Command::new(ubtrfs_bin())
+            .arg("umount")
+            .arg(&self.mnt)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() && out.stderr.is_empty(),
+            "ubtrfs umount {}: {}\n{}",
+            self.mnt.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let exited = self.child.as_mut().unwrap().try_wait().unwrap();
+        assert!(
+            exited.is_some(),
+            "ubtrfs umount returned before the mount process exited"
+        );
+        let mnt = self.mnt.clone();
+        let (status, err) = self.wait();
+        assert_clean_exit("ubtrfs umount", &mnt, status, &err);
+    }
+}
+
+/// The kernel's writeback cache: writes reach the mount later, in large
+/// requests; partial-page writes make it read the page first; O_APPEND,
+/// truncate of dirty data and writes through shared mappings all end up
+/// on disk as written, and `ubtrfs umount` commits them.
+#[test]
+fn writeback_cache() {
+    require_privileged!();
+    let t = TestDir::new("mount-rw-wbc").unwrap();
+    let img = new_image(&t);
+    let m = RwMount::start(&img, &t.join("fuse"), &NO_TIMER);
+    let p = |n: &str| m.path().join(n);
+    let i = server_info(m.path());
+    assert_eq!(i[info::PID], m.pid() as u64);
+    let want = info::FLAG_WRITEBACK_CACHE | info::FLAG_KILLPRIV_V2 | info::FLAG_READ_WRITE;
+    assert_eq!(i[info::FLAGS] & want, want, "flags {:#x}", i[info::FLAGS]);
+    let mut model: Vec<(&str, Vec<u8>)> = Vec::new();
+
+    // One 4 MiB write(2): written back in requests of 1 MiB (the kernel's
+    // default page limit), not page by page.
+    let big = pattern(4 << 20, 20);
+    let mut f = File::create(p("big")).unwrap();
+    f.write_all(&big).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let i = server_info(m.path());
+    assert!(
+        i[info::MAX_WRITE] >= 1 << 20,
+        "largest write request {} bytes",
+        i[info::MAX_WRITE]
+    );
+    // Read back sequentially from the mount, not the page cache: the
+    // readahead the mount raised to match brings 1 MiB per request.
+    let f = File::open(p("big")).unwrap();
+    drop_cached_pages(&f);
+    let mut back = Vec::new();
+    (&f).read_to_end(&mut back).unwrap();
+    drop(f);
+    assert!(back == big);
+    let i = server_info(m.path());
+    assert!(
+        i[info::MAX_READ] >= 1 << 20,
+        "largest read request {} bytes",
+        i[info::MAX_READ]
+    );
+    model.push(("big", big));
+
+    // A write into part of a page that is not cached: the kernel reads it.
+    let mut partial = pattern(64 << 10, 21);
+    fs::write(p("partial"), &partial).unwrap();
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(p("partial"))
+        .unwrap();
+    drop_cached_pages(&f);
+    let reads = server_info(m.path())[info::READ];
+    {
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(b"a partial page", 5000).unwrap();
+        f.write_all_at(b"past the end", 70_000).unwrap();
+    }
+    assert!(
+        server_info(m.path())[info::READ] > reads,
+        "the partly written page was not read"
+    );
+    put(&mut partial, 5000, b"a partial page");
+    put(&mut partial, 70_000, b"past the end");
+    drop(f);
+    model.push(("partial", partial));
+
+    // O_APPEND through two descriptors: the kernel places each write.
+    let mut a1 = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(p("log"))
+        .unwrap();
+    let mut a2 = OpenOptions::new().append(true).open(p("log")).unwrap();
+    let mut log = Vec::new();
+    for i in 0..50 {
+        let line = format!("line {i} from {}\n", if i % 2 == 0 { "one" } else { "two" });
+        if i % 2 == 0 { &mut a1 } else { &mut a2 }
+            .write_all(line.as_bytes())
+            .unwrap();
+        log.extend_from_slice(line.as_bytes());
+    }
+    assert_eq!(len_of(&p("log")), log.len() as u64);
+    drop((a1, a2));
+    model.push(("log", log));
+
+    // Truncate while the data is still dirty, then write past the end.
+    let mut trunc = pattern(200_000, 22);
+    let mut f = File::create(p("trunc")).unwrap();
+    f.write_all(&trunc).unwrap();
+    f.set_len(70_001).unwrap();
+    trunc.truncate(70_001);
+    {
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(b"after a hole", 100_000).unwrap();
+    }
+    put(&mut trunc, 100_000, b"after a hole");
+    drop(f);
+    model.push(("trunc", trunc));
+
+    // Writes through a shared mapping, one of them into the last, partial page.
+    let mut mapped = pattern(3 * 4096 + 100, 23);
+    fs::write(p("mapped"), &mapped).unwrap();
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(p("mapped"))
+        .unwrap();
+    mmap_write(&f, 10, b"mapped write", false);
+    mmap_write(&f, 3 * 4096 + 50, b"tail", false);
+    drop(f);
+    put(&mut mapped, 10, b"mapped write");
+    put(&mut mapped, 3 * 4096 + 50, b"tail");
+    model.push(("mapped", mapped));
+
+    assert_files("through the mount", m.path(), &model);
+    m.umount_command();
+    check_image(&img);
+    let kernel = Mount::single(&img, &t.join("kernel"), "ro").unwrap();
+    assert_files("the kernel's mount", kernel.path(), &model);
+}
+
+/// With the writeback cache, fsync still makes data durable: the kernel
+/// writes the dirty pages back first. What was written after is lost on
+/// SIGKILL, as after a crash.
+#[test]
+fn fsync_durable_after_sigkill() {
+    require_privileged!();
+    let t = TestDir::new("mount-rw-fsync-kill").unwrap();
+    let img = new_image(&t);
+    let m = RwMount::start(&img, &t.join("fuse"), &NO_TIMER);
+    let p = |n: &str| m.path().join(n);
+    let data = pattern((3 << 20) + 123, 30);
+    let mut f = File::create(p("synced")).unwrap();
+    f.write_all(&data).unwrap();
+    f.sync_all().unwrap();
+    // Through a shared mapping, made durable by msync.
+    let mut mapped = pattern(2 * 4096, 31);
+    fs::write(p("mapped"), &mapped).unwrap();
+    let g = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(p("mapped"))
+        .unwrap();
+    mmap_write(&g, 4000, b"msync'd", true);
+    put(&mut mapped, 4000, b"msync'd");
+    // Not synced: the file stays open, its pages dirty in the kernel.
+    f.write_all(b"never synced").unwrap();
+    m.kill();
+    drop((f, g));
+    check_image(&img);
+    let kernel = Mount::single(&img, &t.join("kernel"), "ro").unwrap();
+    assert_eq!(fs::read(kernel.path().join("synced")).unwrap(), data);
+    assert_eq!(fs::read(kernel.path().join("mapped")).unwrap(), mapped);
+}
+
+/// `ls -l` of a directory not cached yet: one READDIRPLUS brings names and
+/// attributes, so no lookup or getattr per entry.
+#[test]
+fn readdirplus_lists_without_lookups() {
+    require_privileged!();
+    let t = TestDir::new("mount-rw-rdplus").unwrap();
+    let img = new_image(&t);
+    let m = RwMount::start(&img, &t.join("fuse"), &NO_TIMER);
+    fs::create_dir(m.path().join("dir")).unwrap();
+    for i in 0..200 {
+        fs::write(m.path().join(format!("dir/file-{i:03}")), format!("{i}")).unwrap();
+    }
+    m.unmount_cleanly();
+    // A fresh mount: nothing cached.
+    let m = RwMount::start(&img, &t.join("fuse"), &NO_TIMER);
+    let before = server_info(m.path());
+    let out = Command::new("ls")
+        .args(["-l", "--color=never"])
+        .arg(m.path().join("dir"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let lines = String::from_utf8_lossy(&out.stdout).lines().count();
+    assert_eq!(lines, 201, "total and 200 entries");
+    let after = server_info(m.path());
+    let d = |w: usize| after[w] - before[w];
+    assert!(d(info::READDIRPLUS) >= 1, "no READDIRPLUS");
+    assert_eq!(d(info::READDIR), 0, "plain READDIR used");
+    assert!(
+        d(info::LOOKUP) + d(info::GETATTR) <= 2,
+        "{} lookups and {} getattrs for 200 entries",
+        d(info::LOOKUP),
+        d(info::GETATTR)
+    );
+    m.unmount_cleanly();
+}
+
+/// Count EXTENT_CSUM items of the checksum tree.
+fn csum_items(img: &Path) -> usize {
+    let out = run(command("btrfs")
+        .args(["inspect-internal", "dump-tree", "-t", "csum"])
+        .arg(img))
+    .unwrap();
+    out.lines().filter(|l| l.contains("EXTENT_CSUM")).count()
+}
+
+/// The first letters of `lsattr -d`.
+fn lsattr(p: &Path) -> String {
+    let out = Command::new("lsattr").arg("-d").arg(p).output().unwrap();
+    assert!(out.status.success(), "lsattr {}", p.display());
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+        .to_string()
+}
+
+/// `-o nodatacow` and `-o nodatasum`: new regular files get the kernel's
+/// flags for them and their data gets no checksums.
+#[test]
+fn nodatacow_and_nodatasum() {
+    require_privileged!();
+    let t = TestDir::new("mount-rw-nodatacow").unwrap();
+    let img = new_image(&t);
+    let (nc, ns, sum) = (
+        pattern(1 << 20, 40),
+        pattern(1 << 20, 41),
+        pattern(1 << 20, 42),
+    );
+    let m = RwMount::start(&img, &t.join("fuse"), &["-o", "nodatacow,commit=300"]);
+    fs::write(m.path().join("nc"), &nc).unwrap();
+    fs::create_dir(m.path().join("dir")).unwrap();
+    fs::write(m.path().join("dir/nc2"), &nc).unwrap();
+    assert!(lsattr(&m.path().join("nc")).contains('C'));
+    assert!(lsattr(&m.path().join("dir/nc2")).contains('C'));
+    assert!(
+        !lsattr(&m.path().join("dir")).contains('C'),
+        "directories keep COW"
+    );
+    m.unmount_cleanly();
+    let m = RwMount::start(
+        &img,
+        &t.join("fuse"),
+        &["-o", "nodatasum", "-o", "commit=300"],
+    );
+    fs::write(m.path().join("ns"), &ns).unwrap();
+    assert!(!lsattr(&m.path().join("ns")).contains('C'));
+    m.unmount_cleanly();
+    check_image(&img);
+    assert_eq!(csum_items(&img), 0, "checksums of no-checksum files");
+    {
+        use ubtrfs::format::consts::{INODE_NODATACOW, INODE_NODATASUM};
+        let fs = ubtrfs::fs::Filesystem::open(&[&img]).unwrap();
+        let flags = |p: &[u8]| fs.stat(fs.resolve_path(p).unwrap()).unwrap().flags;
+        let both = INODE_NODATACOW | INODE_NODATASUM;
+        assert_eq!(flags(b"/nc") & both, both);
+        assert_eq!(flags(b"/dir/nc2") & both, both);
+        assert_eq!(flags(b"/dir") & both, 0);
+        assert_eq!(flags(b"/ns") & both, INODE_NODATASUM);
+    }
+    // Without the options, data is checksummed again.
+    let m = RwMount::start(&img, &t.join("fuse"), &NO_TIMER);
+    fs::write(m.path().join("sum"), &sum).unwrap();
+    m.unmount_cleanly();
+    check_image(&img);
+    assert!(csum_items(&img) > 0, "no checksums for an ordinary file");
+    let kernel = Mount::single(&img, &t.join("kernel"), "ro").unwrap();
+    assert_files(
+        "the kernel's mount",
+        kernel.path(),
+        &[
+            ("nc", nc.clone()),
+            ("dir/nc2", nc),
+            ("ns", ns),
+            ("sum", sum),
+        ],
+    );
+}
+
+/// `ubtrfs mount -d OPTS DEV MNT` expected to fail: its stderr.
+fn mount_fails(dev: &Path, mnt: &Path, opts: &str) -> String {
+    let out = Command::new(ubtrfs_bin())
+        .args(["mount", "-d", "-o", opts])
+        .arg(dev)
+        .arg(mnt)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    if out.status.success() {
+        detach(mnt);
+        panic!("mount -o {opts} succeeded");
+    }
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `subvol=` and `subvolid=` on an image whose subvolumes the kernel made.
+#[test]
+fn subvolume_mount_options() {
+    require_privileged!();
+    let t = TestDir::new("mount-rw-subvol").unwrap();
+    let img = new_image(&t);
+    {
+        let k = Mount::single(&img, &t.join("kernel"), "rw").unwrap();
+        let kp = |n: &str| k.path().join(n);
+        run(command("btrfs").args(["subvolume", "create"]).arg(kp("sv"))).unwrap();
+        run(command("btrfs")
+            .args(["subvolume", "create"])
+            .arg(kp("sv/nested")))
+        .unwrap();
+        fs::write(kp("top-file"), b"top").unwrap();
+        fs::write(kp("sv/in-sv"), b"in sv").unwrap();
+        fs::write(kp("sv/nested/in-nested"), b"nested").unwrap();
+        fs::create_dir(kp("plain")).unwrap();
+        // The default subvolume becomes sv: subvolid=5 reaches the top.
+        run(command("btrfs")
+            .args(["subvolume", "set-default"])
+            .arg(kp("sv")))
+        .unwrap();
+        k.unmount().unwrap();
+    }
+    let names = |p: &Path| {
+        let mut n: Vec<String> = fs::read_dir(p)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        n.sort();
+        n
+    };
+    let sv_id = {
+        let fs = ubtrfs::fs::Filesystem::open(&[&img]).unwrap();
+        fs.subvolumes()
+            .unwrap()
+            .iter()
+            .find(|s| s.name == b"sv")
+            .unwrap()
+            .id
+    };
+    let mnt = t.join("fuse");
+    let m = RwMount::start(&img, &mnt, &NO_TIMER);
+    assert_eq!(
+        names(m.path()),
+        ["in-sv", "nested"],
+        "the default subvolume"
+    );
+    m.unmount_cleanly();
+    let m = RwMount::start(&img, &mnt, &["-o", "subvol=sv,commit=300"]);
+    assert_eq!(fs::read(m.path().join("in-sv")).unwrap(), b"in sv");
+    assert!(m.path().join("nested/in-nested").exists());
+    assert!(!m.path().join("top-file").exists());
+    fs::write(m.path().join("from-fuse"), b"written in sv").unwrap();
+    m.unmount_cleanly();
+    let m = RwMount::start(&img, &mnt, &["-o", "subvol=/sv/nested"]);
+    assert_eq!(fs::read(m.path().join("in-nested")).unwrap(), b"nested");
+    m.unmount_cleanly();
+    let m = RwMount::start(&img, &mnt, &["-o", &format!("ro,subvolid={sv_id}")]);
+    assert_eq!(
+        fs::read(m.path().join("from-fuse")).unwrap(),
+        b"written in sv"
+    );
+    m.unmount_cleanly();
+    let m = RwMount::start(&img, &mnt, &["-o", "subvolid=5,subvol=/"]);
+    assert_eq!(fs::read(m.path().join("top-file")).unwrap(), b"top");
+    assert_eq!(names(m.path()), ["plain", "sv", "top-file"]);
+    assert!(m.path().join("sv/in-sv").exists());
+    m.unmount_cleanly();
+    // Errors name what is wrong.
+    let err = mount_fails(&img, &mnt, "subvol=nope/deeper");
+    assert!(
+        err.contains("nope/deeper") && err.contains("does not exist"),
+        "{err}"
+    );
+    let err = mount_fails(&img, &mnt, "subvolid=999");
+    assert!(
+        err.contains("999") && err.contains("does not exist"),
+        "{err}"
+    );
+    let err = mount_fails(&img, &mnt, "subvol=plain");
+    assert!(err.contains("not a subvolume"), "{err}");
+    let err = mount_fails(&img, &mnt, &format!("subvol=sv/nested,subvolid={sv_id}"));
+    assert!(err.contains("not subvolid"), "{err}");
+    check_image(&img);
+    let k = Mount::single(&img, &t.join("kernel"), "ro,subvolid=5").unwrap();
+    assert_eq!(
+        fs::read(k.path().join("sv/from-fuse")).unwrap(),
+        b"written in sv"
+    );
+}
+
+/// Whether process `pid` has exited (gone, or a zombie not yet reaped).
+fn exited(pid: u64) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(s) => s
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+    }
+}
+
+/// `ubtrfs umount`: waits for a daemon mount's process to commit and exit;
+/// refuses what is not a ubtrfs mount.
+#[test]
+fn umount_command() {
+    require_privileged!();
+    let t = TestDir::new("mount-rw-umount").unwrap();
+    let img = new_image(&t);
+    let mnt = t.join("fuse");
+    fs::create_dir_all(&mnt).unwrap();
+    let out = Command::new(ubtrfs_bin())
+        .args(["mount", "--daemon", "-o", "commit=300"])
+        .arg(&img)
+        .arg(&mnt)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pid = server_info(&mnt)[info::PID];
+    let data = pattern(2 << 20, 50);
+    // Left in the kernel's cache: the unmount must write it back.
+    let mut f = File::create(mnt.join("data")).unwrap();
+    f.write_all(&data).unwrap();
+    drop(f);
+    let before = superblock_generation(&img);
+    let umount = |p: &Path| {
+        Command::new(ubtrfs_bin())
+            .arg("umount")
+            .arg(p)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = umount(&mnt);
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!is_mount_point(&mnt));
+    assert!(
+        exited(pid),
+        "ubtrfs umount returned before process {pid} exited"
+    );
+    assert!(superblock_generation(&img) > before, "nothing committed");
+    check_image(&img);
+    {
+        let k = Mount::single(&img, &t.join("kernel"), "ro").unwrap();
+        assert_eq!(fs::read(k.path().join("data")).unwrap(), data);
+        // Not ubtrfs: a kernel btrfs mount and a tmpfs stay mounted.
+        let out = umount(k.path());
+        assert!(!out.status.success());
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("not a ubtrfs mount"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(is_mount_point(k.path()));
+    }
+    let tmp = Tmpfs::new(&t.join("tmpfs"));
+    let out = umount(tmp.path());
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a ubtrfs mount"));
+    assert!(is_mount_point(tmp.path()));
+    // Not mounted at all.
+    let out = umount(&mnt);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not mounted"));
+    // A mount whose process was killed: unmounted, with a warning.
+    let mut m = RwMount::start(&img, &mnt, &NO_TIMER);
+    let child = m.child.as_mut().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let out = umount(&mnt);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("gone"), "{err}");
+    assert!(!is_mount_point(&mnt));
+}
+
+/// (file offset, disk bytenr) of the regular extents of inode `ino` in
+/// the output of `btrfs inspect-internal dump-tree -t 5`.
+fn disk_extents(dump: &str, ino: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut current = None;
+    for line in dump.lines() {
+        let l = line.trim();
+        if let Some(rest) = l.split_once("key (").map(|(_, r)| r) {
+            let f: Vec<&str> = rest.split([' ', ')']).collect();
+            current = (f.len() > 2 && f[1] == "EXTENT_DATA" && f[0] == ino.to_string())
+                .then(|| f[2].parse::<u64>().unwrap());
+        } else if let (Some(off), Some(rest)) = (current, l.strip_prefix("extent data disk byte "))
+        {
+            let disk: u64 = rest.split(' ').next().unwrap().parse().unwrap();
+            out.push((off, disk));
+        }
+    }
+    out
+}
+
+/// copy_file_range(2) from `src` to `dst` over the whole range, as many
+/// calls as it takes; returns how many calls.
+fn copy_range(src: &File, so: u64, dst: &File, d_o: u64, len: u64) -> usize {
+    use std::os::fd::AsRawFd;
+    let (mut so, mut d_o, mut left) = (so as i64, d_o as i64, len as usize);
+    let mut calls = 0;
+    while left > 0 {
+        // SAFETY: both descriptors are open; the offsets are ours.
+        let n = unsafe {
+            libc::copy_file_range(src.as_raw_fd(), &mut so, dst.as_raw_fd(), &mut d_o, left, 0)
+        };
+        assert!(
+            n > 0,
+            "copy_file_range: {n} ({})",
+            std::io::Error::last_os_error()
+        );
+        left -= n as usize;
+        calls += 1;
+    }
+    calls
+}
+
+/// copy_file_range shares extents where the ranges allow (so `cp`
+/// reflinks), copies bytes elsewhere; FICLONE never reaches the mount.
+#[test]
+fn copy_file_range_reflinks() {
+    require_privileged!();
+    let t = TestDir::new("mount-rw-reflink").unwrap();
+    let img = new_image(&t);
+    let m = RwMount::start(&img, &t.join("fuse"), &NO_TIMER);
+    let p = |n: &str| m.path().join(n);
+    let src = pattern((3 << 20) + 1000, 60);
+    fs::write(p("src"), &src).unwrap();
+    let s = File::open(p("src")).unwrap();
+    let before = server_info(m.path());
+    // Whole file, aligned (ends at the source's end).
+    let d = File::create(p("dst")).unwrap();
+    copy_range(&s, 0, &d, 0, src.len() as u64);
+    // coreutils cp: FICLONE fails, then copy_file_range.
+    let out = Command::new("cp")
+        .args(["--reflink=auto", "--sparse=never"])
+        .arg(p("src"))
+        .arg(p("dst2"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Unaligned: bytes copied.
+    let odd = File::create(p("odd")).unwrap();
+    copy_range(&s, 1000, &odd, 333, 70_000);
+    let mut odd_model = vec![0; 333];
+    odd_model.extend_from_slice(&src[1000..71_000]);
+    // Equally misaligned: the head is copied, the rest shared.
+    let mis = File::create(p("mis")).unwrap();
+    let calls = copy_range(&s, 5000, &mis, 904, 300_000);
+    assert!(calls >= 2, "head and rest in {calls} calls");
+    let mut mis_model = vec![0; 904];
+    mis_model.extend_from_slice(&src[5000..305_000]);
+    let after = server_info(m.path());
+    assert!(
+        after[info::REFLINKED] - before[info::REFLINKED] >= 3,
+        "{} of {} copy_file_range requests shared extents",
+        after[info::REFLINKED] - before[info::REFLINKED],
+        after[info::COPY_FILE_RANGE] - before[info::COPY_FILE_RANGE]
+    );
+    // FICLONE: answered by the kernel, never seen by the mount.
+    {
+        use std::os::fd::AsRawFd;
+        let c = File::create(p("ficlone")).unwrap();
+        let before = server_info(m.path())[info::IOCTL];
+        // SAFETY: FICLONE takes the source descriptor as its argument.
+        let rc = unsafe { libc::ioctl(c.as_raw_fd(), libc::FICLONE as _, s.as_raw_fd()) };
+        let e = std::io::Error::last_os_error().raw_os_error();
+        assert_eq!((rc, e), (-1, Some(libc::EOPNOTSUPP)));
+        assert_eq!(server_info(m.path())[info::IOCTL], before);
+    }
+    drop((s, d, odd, mis));
+    let model = vec![
+        ("src", src.clone()),
+        ("dst", src.clone()),
+        ("dst2", src.clone()),
+        ("odd", odd_model),
+        ("mis", mis_model),
+    ];
+    assert_files("through the mount", m.path(), &model);
+    m.unmount_cleanly();
+    check_image(&img);
+    let dump = run(command("btrfs")
+        .args(["inspect-internal", "dump-tree", "-t", "5"])
+        .arg(&img))
+    .unwrap();
+    let ino = |n: &str| {
+        let fs = ubtrfs::fs::Filesystem::open(&[&img]).unwrap();
+        fs.resolve_path(format!("/{n}").as_bytes()).unwrap().ino
+    };
+    let src_ext = disk_extents(&dump, ino("src"));
+    assert!(!src_ext.is_empty());
+    assert_eq!(
+        disk_extents(&dump, ino("dst")),
+        src_ext,
+        "dst shares src's extents"
+    );
+    assert_eq!(
+        disk_extents(&dump, ino("dst2")),
+        src_ext,
+        "cp's copy shares them"
+    );
+    let kernel = Mount::single(&img, &t.join("kernel"), "ro").unwrap();
+    assert_files("the kernel's mount", kernel.path(), &model);
+}
+
+/// Set-user-ID bits are cleared by the mount (FUSE_HANDLE_KILLPRIV_V2)
+/// where a local filesystem clears them, and the kernel stops asking for
+/// `security.capability` before every write.
+#[test]
+fn setuid_bits_cleared() {
+    require_privileged!();
+    let t = TestDir::new("mount-rw-killpriv").unwrap();
+    let img = new_image(&t);
+    let reference = Tmpfs::new(&t.join("reference"));
+    let m = RwMount::start(
+        &img,
+        &t.join("fuse"),
+        &["-o", "allow_other", "-o", "commit=300"],
+    );
+    let cases: [(&str, u32, &str); 11] = [
+        ("w-suid", 0o4777, "user-write"),
+        ("w-sgid", 0o2777, "user-write"),
+        ("w-root", 0o4755, "root-write"),
+        ("chown", 0o6755, "chown"),
+        ("chown-nogx", 0o2745, "chown"),
+        ("chown-none", 0o6755, "chown-none"),
+        ("fifo", 0o6755, "chown-fifo"),
+        ("t-user", 0o4777, "user-truncate"),
+        ("t-root", 0o4755, "root-truncate"),
+        ("f-user", 0o6777, "user-fallocate"),
+        ("f-root", 0o6777, "root-fallocate"),
+    ];
+    for root in [reference.path(), m.path()] {
+        for (name, mode, what) in cases {
+            let f = root.join(name);
+            if what == "chown-fifo" {
+                sys::mkfifo(&f, 0o644).unwrap();
+            } else {
+                fs::write(&f, b"content\n").unwrap();
+            }
+            fs::set_permissions(&f, fs::Permissions::from_mode(mode)).unwrap();
+            let path = f.display().to_string();
+            let as_user = |script: String| {
+                let (ok, err) = run_as(1000, 1000, &script);
+                assert!(ok, "{script}: {err}");
+            };
+            match what {
+                "user-write" => as_user(format!("echo more >> '{path}'")),
+                "user-truncate" => as_user(format!("truncate -s 3 '{path}'")),
+                "user-fallocate" => as_user(format!("fallocate -l 65536 '{path}'")),
+                "root-fallocate" => sys::fallocate(
+                    &OpenOptions::new().write(true).open(&f).unwrap(),
+                    0,
+                    0,
+                    65536,
+                )
+                .unwrap(),
+                // chown(f, -1, -1) changes no owner, yet clears the bits.
+                "chown-none" => sys::lchown(&f, u32::MAX, u32::MAX).unwrap(),
+                "chown-fifo" => sys::lchown(&f, u32::MAX, 0).unwrap(),
+                "root-write" => OpenOptions::new()
+                    .append(true)
+                    .open(&f)
+                    .unwrap()
+                    .write_all(b"more\n")
+                    .unwrap(),
+                "root-truncate" => File::options()
+                    .write(true)
+                    .open(&f)
+                    .unwrap()
+                    .set_len(3)
+                    .unwrap(),
+                "chown" => sys::lchown(&f, 1000, 1000).unwrap(),
+                _ => unreachable!(),
+            }
+        }
+    }
+    for (name, _, _) in cases {
+        assert_eq!(
+            mode_of(&m.path().join(name)),
+            mode_of(&reference.path().join(name)),
+            "{name}: mode through the mount vs tmpfs"
+        );
+    }
+    // Many small writes: one probe for security.capability at most.
+    let before = server_info(m.path())[info::GETXATTR];
+    let mut f = File::create(m.path().join("appended")).unwrap();
+    for i in 0..200 {
+        writeln!(f, "line {i}").unwrap();
+    }
+    f.sync_all().unwrap();
+    drop(f);
+    let probes = server_info(m.path())[info::GETXATTR] - before;
+    assert!(probes <= 1, "{probes} getxattr requests for 200 writes");
+    m.unmount_cleanly();
+    check_image(&img);
+    let k = Mount::single(&img, &t.join("kernel"), "ro").unwrap();
+    for (name, _, _) in cases {
+        assert_eq!(
+            mode_of(&k.path().join(name)),
+            mode_of(&reference.path().join(name)),
+            "{name}: mode in the kernel's mount vs tmpfs"
+        );
+    }
+}

@@ -110,6 +110,9 @@ pub enum Error {
     /// An inode would get more names than the format allows.
     #[error("too many links: {0}")]
     TooManyLinks(String),
+    /// A file name is longer than the format allows (255 bytes).
+    #[error("name too long: {0}")]
+    NameTooLong(String),
 }
 
 impl Error {
@@ -129,6 +132,7 @@ impl Error {
             Error::NotPermitted(_) => libc::EPERM,
             Error::CrossDevice(_) => libc::EXDEV,
             Error::TooManyLinks(_) => libc::EMLINK,
+            Error::NameTooLong(_) => libc::ENAMETOOLONG,
             Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             _ => libc::EIO,
         }

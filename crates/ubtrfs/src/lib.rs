@@ -23,6 +23,7 @@ pub mod fs;
 pub mod mkfs;
 pub mod transaction;
 pub mod tree;
+pub mod tree_log;
 pub mod volume;
 
 pub use error::{Error, Result};

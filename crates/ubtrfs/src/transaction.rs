@@ -5,17 +5,19 @@
 //! cache flush per device, the primary superblock with FUA, then the
 //! superblock mirrors (made durable by the next commit's flush).
 
-use crate::alloc::extent_tree::{self, SpaceOp};
+use crate::alloc::delayed_ref::{BlockRef, DataOwner, DataRef};
+use crate::alloc::extent_tree::{self, ExtentCtx, SpaceOp};
 use crate::alloc::{Allocator, DelayedRefs, SpaceKind, block_group, free_space_tree};
 use crate::format::Key;
 use crate::format::consts::*;
-use crate::format::items::RootItem;
-use crate::format::node::Header;
+use crate::format::items::{ExtentBody, FileExtentItem, RootItem};
+use crate::format::node::{Body, Node};
 use crate::fs::Filesystem;
-use crate::tree::{BlockSource, RootPtr, TreeEditor};
+use crate::tree::cow::CowPlan;
+use crate::tree::{BlockSource, RootPtr, TreeEditor, TreeReader};
 use crate::volume::{DeviceSet, scan_device};
 use crate::{Error, Result, csum_tree};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::Path;
 
 /// The transaction's source of tree blocks: the allocator and the
@@ -29,7 +31,87 @@ pub struct TxnBlocks {
     pub refs: DelayedRefs,
     nodesize: u64,
     /// `last_snapshot` of each subvolume: blocks not newer may be shared.
-    last_snapshot: HashMap<u64, u64>,
+    pub(crate) last_snapshot: HashMap<u64, u64>,
+    /// Read-only subvolumes (snapshots made with `-r`).
+    pub(crate) readonly: HashSet<u64>,
+    /// Whether tree block items are METADATA_ITEMs (skinny metadata).
+    skinny: bool,
+    /// The extent tree's root, for looking up whether a block is shared.
+    extent_root: Option<RootPtr>,
+    /// Per tree, bytes of tree blocks allocated minus freed in this
+    /// transaction: the kernel keeps root items' `bytes_used` as the size
+    /// of the tree and sizes its global reserve from it.
+    pub(crate) used_delta: HashMap<u64, i64>,
+}
+
+/// Header flag of blocks written by relocation: they may be shared.
+const HEADER_FLAG_RELOC: u64 = 1 << 1;
+
+/// Whether tree `id` is a subvolume (its blocks may be shared with snapshots).
+pub(crate) fn is_subvol_tree(id: u64) -> bool {
+    id == FS_TREE_OBJECTID || (FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&id)
+}
+
+/// Highest id a subvolume may have.
+pub(crate) const LAST_FREE_OBJECTID: u64 = u64::MAX - 255;
+
+impl TxnBlocks {
+    /// References held by `node` (a tree block) on its children, for the
+    /// holder `by`, change by `d`: tree blocks for a node, data extents of
+    /// file extent items for a leaf.
+    fn ref_children(&mut self, node: &Node, by: Holder, d: i64) -> Result<()> {
+        let parent = node.header.bytenr;
+        match node.body() {
+            Body::Internal(ptrs) => {
+                let r = match by {
+                    Holder::Root(root) => BlockRef::Root(root),
+                    Holder::Parent => BlockRef::Parent(parent),
+                };
+                for p in ptrs {
+                    self.refs.change_tree(p.blockptr, node.level() - 1, r, d);
+                }
+            }
+            Body::Leaf(items) => {
+                for (key, data) in items {
+                    if key.item_type != EXTENT_DATA_KEY {
+                        continue;
+                    }
+                    let fe = FileExtentItem::parse(&data)?;
+                    let ExtentBody::Regular {
+                        disk_bytenr,
+                        disk_num_bytes,
+                        offset,
+                        ..
+                    } = fe.body
+                    else {
+                        continue;
+                    };
+                    if disk_bytenr == 0 {
+                        continue;
+                    }
+                    let r = match by {
+                        Holder::Root(root) => DataRef::Root(DataOwner {
+                            root,
+                            objectid: key.objectid,
+                            offset: key.offset.wrapping_sub(offset),
+                        }),
+                        Holder::Parent => DataRef::Parent(parent),
+                    };
+                    self.refs.change_data_ref(disk_bytenr, disk_num_bytes, r, d);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Who holds the references a block has on its children.
+#[derive(Clone, Copy)]
+enum Holder {
+    /// A tree, through blocks with normal back references.
+    Root(u64),
+    /// The block itself (it is flagged FULL_BACKREF).
+    Parent,
 }
 
 impl BlockSource for TxnBlocks {
@@ -48,38 +130,98 @@ impl BlockSource for TxnBlocks {
                 ))
             })?;
         self.refs.add_tree(at, level, owner);
+        *self.used_delta.entry(owner).or_default() += self.nodesize as i64;
         Ok(at)
     }
 
-    fn free_tree_block(
+    fn plan_cow(
         &mut self,
-        bytenr: u64,
+        reader: &TreeReader,
         owner: u64,
-        level: u8,
-        _generation: u64,
-    ) -> Result<()> {
-        if self.refs.drop_tree(bytenr, level, owner) {
+        node: &Node,
+        parent_shared: bool,
+    ) -> Result<CowPlan> {
+        let h = &node.header;
+        if !is_subvol_tree(owner) {
+            return Ok(CowPlan::default());
+        }
+        // Blocks newer than the last snapshot, of this tree, reached
+        // through unshared parents are this tree's alone.
+        let last = self.last_snapshot.get(&owner).copied().unwrap_or(0);
+        let may_share = parent_shared
+            || h.owner != owner
+            || h.generation <= last
+            || h.flags & HEADER_FLAG_RELOC != 0;
+        if !may_share {
+            return Ok(CowPlan::default());
+        }
+        if h.flags >> 56 < MIXED_BACKREF_REV {
+            return Err(Error::Unsupported(format!(
+                "tree block {} has the old back reference format",
+                h.bytenr
+            )));
+        }
+        let extent = self
+            .extent_root
+            .ok_or_else(|| Error::corrupt("no extent tree to look shared blocks up in"))?;
+        let on_disk =
+            extent_tree::tree_block_info(&reader.tree(extent), h.bytenr, h.level, self.nodesize)?;
+        let (pending, pending_flags) = self.refs.tree_pending(h.bytenr);
+        let (refs, flags) = match on_disk {
+            Some((r, f)) => (r as i64 + pending, f | pending_flags),
+            None if self.refs.tree.get(&h.bytenr).is_some_and(|e| e.new) => {
+                (pending, pending_flags)
+            }
+            None => {
+                return Err(Error::corrupt(format!(
+                    "tree block {} of tree {} has no extent item",
+                    h.bytenr, h.owner
+                )));
+            }
+        };
+        let refs = refs + parent_shared as i64;
+        if refs < 1 {
+            return Err(Error::corrupt(format!(
+                "tree block {} is reached from tree {owner} but has {refs} references",
+                h.bytenr
+            )));
+        }
+        Ok(CowPlan {
+            shared: refs > 1,
+            full_backref: flags & BLOCK_FLAG_FULL_BACKREF != 0,
+        })
+    }
+
+    fn free_tree_block(&mut self, owner: u64, node: &Node, plan: CowPlan) -> Result<bool> {
+        let (bytenr, level) = (node.header.bytenr, node.header.level);
+        if plan.shared {
+            if node.header.owner == owner && !plan.full_backref {
+                // The block stays in other trees: it now references its
+                // children by address, and this tree's copy takes over
+                // the tree's references.
+                self.ref_children(node, Holder::Parent, 1)?;
+                self.refs
+                    .set_tree_flags(bytenr, level, BLOCK_FLAG_FULL_BACKREF);
+            } else {
+                self.ref_children(node, Holder::Root(owner), 1)?;
+            }
+        } else if plan.full_backref {
+            // The last user of a block that referenced its children by
+            // address: the copy references them as this tree.
+            self.ref_children(node, Holder::Root(owner), 1)?;
+            self.ref_children(node, Holder::Parent, -1)?;
+        }
+        *self.used_delta.entry(owner).or_default() -= self.nodesize as i64;
+        let released = self.refs.drop_tree(bytenr, level, owner);
+        if released {
             // Allocated and freed in this transaction, never on disk.
             self.alloc.release(bytenr, self.nodesize)?;
         }
-        Ok(())
+        Ok(released)
     }
 
-    fn check_cow(&self, owner: u64, header: &Header) -> Result<()> {
-        if let Some(&last) = self.last_snapshot.get(&owner)
-            && header.generation <= last
-        {
-            return Err(Error::Unsupported(format!(
-                "changing subvolume {owner}, which shares tree blocks with a snapshot"
-            )));
-        }
-        if header.owner != owner {
-            return Err(Error::Unsupported(format!(
-                "tree block {} of tree {} is reached from tree {owner} (shared)",
-                header.bytenr, header.owner
-            )));
-        }
-        Ok(())
+    fn share_root(&mut self, owner: u64, node: &Node) -> Result<()> {
+        self.ref_children(node, Holder::Root(owner), 1)
     }
 }
 
@@ -108,6 +250,9 @@ pub struct Writer {
     pub(crate) next_ino: HashMap<u64, u64>,
     /// Next directory index per (subvolume, directory), once looked up.
     pub(crate) next_index: HashMap<(u64, u64), u64>,
+    /// Per block group, the free space its free-space tree items say, as
+    /// the last commit wrote them (a group is read from the tree once).
+    fst_written: HashMap<u64, crate::alloc::RangeSet>,
 }
 
 impl Writer {
@@ -119,6 +264,16 @@ impl Writer {
     /// The tree holding block group items.
     pub fn bg_tree(&self) -> u64 {
         self.bg_tree
+    }
+
+    /// Fails for a read-only snapshot: nothing in it may change.
+    pub(crate) fn check_writable(&self, subvol: u64) -> Result<()> {
+        if self.blocks.readonly.contains(&subvol) {
+            return Err(Error::ReadOnly(format!(
+                "subvolume {subvol} is a read-only snapshot"
+            )));
+        }
+        Ok(())
     }
 
     /// Whether the running transaction changed anything.
@@ -135,23 +290,37 @@ impl Filesystem {
 
     /// Open an assembled set of writable devices for reading and writing.
     pub fn open_devices_read_write(set: DeviceSet) -> Result<Self> {
+        let mut fs = Self::open_with_writer(set)?;
+        // Changes the kernel fsync'd after its last commit, as its next mount would.
+        crate::tree_log::replay_at_open(&mut fs)?;
+        // Inodes a crash left unlinked but open go now, as in the kernel
+        // (which leaves read-only snapshots as they are).
+        let subvols: Vec<u64> = {
+            let w = fs.writer_deleting()?;
+            w.blocks
+                .last_snapshot
+                .keys()
+                .copied()
+                .filter(|id| !w.blocks.readonly.contains(id))
+                .collect()
+        };
+        for subvol in subvols {
+            let mut w = fs.writer_deleting()?;
+            fs.clean_orphans(&mut w, subvol)?;
+        }
+        Ok(fs)
+    }
+
+    /// The filesystem on `set` with its write state, as found: the log is
+    /// not replayed, orphans are not cleaned.
+    pub(crate) fn open_with_writer(set: DeviceSet) -> Result<Self> {
         let mut dev_supers = BTreeMap::new();
         for (devid, dev) in set.iter() {
             let (sb, _) = scan_device(dev.as_ref())?;
             dev_supers.insert(devid, sb.raw.clone());
         }
-        let mut fs = Filesystem::from_device_set(set)?;
+        let mut fs = Filesystem::open_unreplayed(set)?;
         let sb = fs.superblock().clone();
-        if sb.log_root != 0 {
-            return Err(Error::Unsupported(
-                "the filesystem has a log tree to replay; log replay is not implemented yet (mount it once with the kernel)".into(),
-            ));
-        }
-        if sb.incompat_flags & INCOMPAT_SKINNY_METADATA == 0 {
-            return Err(Error::Unsupported(
-                "writing a filesystem without skinny metadata".into(),
-            ));
-        }
         let has_fst = sb.compat_ro_flags & COMPAT_RO_FREE_SPACE_TREE != 0;
         if !has_fst {
             return Err(Error::Unsupported(
@@ -195,15 +364,16 @@ impl Filesystem {
         }
         block_group::exclude_super_copies(&mut alloc.groups, &chunks)?;
         let mut last_snapshot = HashMap::new();
+        let mut readonly = HashSet::new();
         for item in fs.root_tree().range(Key::MIN, Key::MAX)? {
             let item = item?;
             let k = item.key();
-            if k.item_type == ROOT_ITEM_KEY
-                && (k.objectid == FS_TREE_OBJECTID
-                    || (FIRST_FREE_OBJECTID..=u64::MAX - 256).contains(&k.objectid))
-            {
+            if k.item_type == ROOT_ITEM_KEY && is_subvol_tree(k.objectid) {
                 let r = RootItem::parse(item.data())?;
                 last_snapshot.insert(k.objectid, r.last_snapshot);
+                if r.flags & ROOT_SUBVOL_RDONLY != 0 {
+                    readonly.insert(k.objectid);
+                }
             }
         }
         let root_node = fs.tree_reader().read_node(&crate::format::node::Expect {
@@ -225,6 +395,10 @@ impl Filesystem {
                 refs: DelayedRefs::default(),
                 nodesize: sb.nodesize as u64,
                 last_snapshot,
+                readonly,
+                skinny: sb.incompat_flags & INCOMPAT_SKINNY_METADATA != 0,
+                extent_root: None,
+                used_delta: HashMap::new(),
             },
             dirty_roots: BTreeSet::new(),
             chunk_tree_uuid: root_node.header.chunk_tree_uuid,
@@ -234,19 +408,11 @@ impl Filesystem {
             backup_slot,
             next_ino: HashMap::new(),
             next_index: HashMap::new(),
+            fst_written: HashMap::new(),
             compress: None,
             csum_mode: Default::default(),
             csum_stats: Default::default(),
         }));
-        // Inodes a crash left unlinked but open go now, as in the kernel.
-        let subvols: Vec<u64> = {
-            let w = fs.writer_deleting()?;
-            w.blocks.last_snapshot.keys().copied().collect()
-        };
-        for subvol in subvols {
-            let mut w = fs.writer_deleting()?;
-            fs.clean_orphans(&mut w, subvol)?;
-        }
         Ok(fs)
     }
 
@@ -321,6 +487,10 @@ impl Filesystem {
             .ok_or_else(|| Error::NotFound(format!("tree {tree_id}")))?;
         let before = root;
         let uuid = w.chunk_tree_uuid;
+        w.check_writable(tree_id)?;
+        if is_subvol_tree(tree_id) {
+            w.blocks.extent_root = self.root_ptr(EXTENT_TREE_OBJECTID)?;
+        }
         let r = {
             let mut ed = TreeEditor::new(self.tree_reader(), &mut w.blocks, tree_id, uuid);
             f(&mut ed, &mut root)
@@ -336,13 +506,18 @@ impl Filesystem {
     /// Commit the running transaction, if it changed anything.
     pub fn commit(&self) -> Result<()> {
         let mut w = self.lock_writer()?;
-        self.reserve_metadata(&mut w, true)?;
-        self.writeback_all(&mut w)?;
+        self.commit_locked(&mut w)
+    }
+
+    /// [`Filesystem::commit`] inside the caller's hold on the transaction.
+    pub(crate) fn commit_locked(&self, w: &mut Writer) -> Result<()> {
+        self.reserve_metadata(w, true)?;
+        self.writeback_all(w)?;
         if !w.is_dirty() {
             return Ok(());
         }
-        self.settle(&mut w)?;
-        self.write_out(&mut w)
+        self.settle(w)?;
+        self.write_out(w)
     }
 
     /// Bring the extent, free-space and root trees up to date with every
@@ -381,10 +556,15 @@ impl Filesystem {
                         .get_mut(&start)
                         .ok_or_else(|| Error::corrupt("group vanished"))?;
                     g.dirty_free = false;
-                    let snapshot = g.clone();
+                    let (gstart, glen) = (g.start, g.len);
+                    let free = free_space_tree::on_disk_free(g);
+                    // Diffed against what the last commit wrote, the
+                    // update costs what changed, not the tree's size.
+                    let written = w.fst_written.remove(&start);
                     self.modify_tree(w, FREE_SPACE_TREE_OBJECTID, |ed, root| {
-                        free_space_tree::rewrite(ed, root, &snapshot)
+                        free_space_tree::update(ed, root, gstart, glen, &free, written.as_ref())
                     })?;
+                    w.fst_written.insert(start, free);
                     changed = true;
                 }
             }
@@ -397,19 +577,35 @@ impl Filesystem {
     }
 
     fn run_delayed_refs(&self, w: &mut Writer) -> Result<()> {
-        let transid = w.blocks.transid;
-        let nodesize = w.blocks.nodesize;
+        let ctx = ExtentCtx {
+            transid: w.blocks.transid,
+            nodesize: w.blocks.nodesize,
+            skinny: w.blocks.skinny,
+        };
         while !w.blocks.refs.is_empty() {
             let refs = std::mem::take(&mut w.blocks.refs);
             let mut ops = Vec::new();
             for (bytenr, r) in refs.tree {
+                // A new block's first key goes into a non-skinny item.
+                let first_key = || {
+                    self.tree_reader()
+                        .read_node(&crate::format::node::Expect {
+                            bytenr,
+                            generation: None,
+                            level: Some(r.level),
+                            first_key: None,
+                        })
+                        .ok()
+                        .filter(|n| n.nritems() > 0)
+                        .map_or(Key::default(), |n| n.key(0))
+                };
                 ops.extend(self.modify_tree(w, EXTENT_TREE_OBJECTID, |ed, root| {
-                    extent_tree::run_tree_ref(ed, root, bytenr, r, transid, nodesize)
+                    extent_tree::run_tree_refs(ed, root, bytenr, &r, ctx, first_key)
                 })?);
             }
             for (bytenr, d) in refs.data {
                 ops.extend(self.modify_tree(w, EXTENT_TREE_OBJECTID, |ed, root| {
-                    extent_tree::run_data_refs(ed, root, bytenr, &d, transid, nodesize)
+                    extent_tree::run_data_refs(ed, root, bytenr, &d, ctx)
                 })?);
             }
             for op in ops {
@@ -469,9 +665,16 @@ impl Filesystem {
             let key = item.key();
             let mut data = item.data().to_vec();
             let cur = RootItem::parse(&data)?;
-            if cur.bytenr == ptr.bytenr && cur.level == ptr.level && cur.generation == transid {
+            let delta = w.blocks.used_delta.remove(&id).unwrap_or(0);
+            if delta == 0
+                && cur.bytenr == ptr.bytenr
+                && cur.level == ptr.level
+                && cur.generation == transid
+            {
                 continue;
             }
+            let used = cur.bytes_used.saturating_add_signed(delta);
+            data[192..200].copy_from_slice(&used.to_le_bytes());
             data[160..168].copy_from_slice(&transid.to_le_bytes());
             data[176..184].copy_from_slice(&ptr.bytenr.to_le_bytes());
             data[238] = ptr.level;
@@ -493,8 +696,28 @@ impl Filesystem {
         let reader = self.tree_reader();
         let volume = reader.volume();
         let csum_type = reader.csum_type();
+        // Blocks come sorted by address: neighbours in one chunk go out
+        // in one write.
+        let mut buf: Vec<u8> = Vec::new();
+        let (mut start, mut chunk_end) = (0u64, 0u64);
         for node in reader.dirty_blocks() {
-            volume.write(node.header.bytenr, &node.sealed_bytes(csum_type))?;
+            let at = node.header.bytenr;
+            let joins = !buf.is_empty()
+                && start + buf.len() as u64 == at
+                && at + node.bytes().len() as u64 <= chunk_end
+                && buf.len() < WRITE_OUT_MAX;
+            if !joins {
+                if !buf.is_empty() {
+                    volume.write(start, &buf)?;
+                    buf.clear();
+                }
+                let chunk = volume.chunks.lookup(at)?;
+                (start, chunk_end) = (at, chunk.logical + chunk.item.length);
+            }
+            node.seal_into(csum_type, &mut buf);
+        }
+        if !buf.is_empty() {
+            volume.write(start, &buf)?;
         }
         for (_, dev) in volume.devices.iter() {
             dev.flush()?;
@@ -610,6 +833,9 @@ fn dirty_groups(w: &Writer, pick: impl Fn(&crate::alloc::BlockGroup) -> bool) ->
         .map(|g| g.start)
         .collect()
 }
+
+/// Largest single write of tree blocks at commit.
+const WRITE_OUT_MAX: usize = 4 << 20;
 
 fn put64(b: &mut [u8], off: usize, v: u64) {
     b[off..off + 8].copy_from_slice(&v.to_le_bytes());

@@ -2130,7 +2130,7 @@ fn size_limits_are_the_kernels() {
                     "{nodesize}: kernel, symlink of {len}"
                 );
                 assert!(
-                    matches!(l, Err(ubtrfs::Error::Invalid(_))),
+                    matches!(l, Err(ubtrfs::Error::NameTooLong(_))),
                     "{nodesize}: {l:?}"
                 );
             }

@@ -8,6 +8,8 @@ pub mod ls;
 pub mod mkfs;
 pub mod mount;
 pub mod restore;
+pub mod subvolume;
+pub mod umount;
 
 use anyhow::{Context, Result, bail};
 use std::ffi::OsStr;

@@ -5,9 +5,13 @@
 //! (while the process has one thread) and the parent exits 0 only once the
 //! child reports that the mount is up, or prints the child's error. SIGINT,
 //! SIGTERM and SIGHUP unmount the filesystem and end the process; so does
-//! `fusermount3 -u MOUNTPOINT` (or `umount`) from outside. Either way the
-//! last transaction is committed before the process exits, and the exit
-//! status says whether that commit succeeded.
+//! `ubtrfs umount MOUNTPOINT` or `fusermount3 -u MOUNTPOINT` (or `umount`)
+//! from outside. Either way the kernel first writes back the dirty pages
+//! it holds (the mount uses its writeback cache), then the last
+//! transaction is committed before the process exits, and the exit status
+//! says whether that commit succeeded. (A second signal, for a mount that
+//! cannot be unmounted because it is busy, commits at once: what the
+//! kernel still holds dirty is lost then, as in a crash.)
 
 use super::list;
 use crate::fuse::{FuseFs, Served};
@@ -20,7 +24,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use ubtrfs::data::compression::Compression;
 use ubtrfs::data::ordered::CsumMode;
-use ubtrfs::fs::Filesystem;
+use ubtrfs::format::consts::{FIRST_INODE, FS_TREE_OBJECTID, INODE_NODATACOW, INODE_NODATASUM};
+use ubtrfs::fs::{Filesystem, InodeId};
 
 /// Seconds between periodic commits unless `-o commit=` says otherwise
 /// (the kernel's default).
@@ -33,15 +38,21 @@ const MAX_QUIET_COMMIT_SECS: u64 = 300;
 #[command(after_help = "\
 Mount options (-o, comma separated): ro, rw, commit=SECONDS, \
 csum=inline|offload|auto, compress[=ALG[:LEVEL]], compress-force[=ALG[:LEVEL]] \
-(ALG: zlib, lzo, zstd), allow_other, \
+(ALG: zlib, lzo, zstd), nodatacow, datacow, nodatasum, datasum, \
+subvol=PATH, subvolid=ID, allow_other, \
 allow_root, auto_unmount, default_permissions, dev, nodev, suid, nosuid, \
 exec, noexec, atime, noatime, sync, async, dirsync, fsname=NAME, \
 subtype=NAME. \
 The mount is read-write unless --ro or ro is given; it always has \
 default_permissions, and nodev,nosuid unless dev or suid is given. \
+nodatacow gives new regular files the no-COW and no-checksum flags, \
+nodatasum the no-checksum flag, as the kernel's options do. \
+subvol=PATH (relative to the top-level subvolume) or subvolid=ID mounts \
+that subvolume as the root instead of the default one. \
 Changes are committed every commit=SECONDS (default 30), on fsync, and at \
-unmount. Unmount with `fusermount3 -u MOUNTPOINT`, Ctrl-C, or SIGTERM to \
-the process; the process exits non-zero if the last commit fails.")]
+unmount. Unmount with `ubtrfs umount MOUNTPOINT`, `fusermount3 -u \
+MOUNTPOINT`, Ctrl-C, or SIGTERM to the process; the process exits non-zero \
+if the last commit fails.")]
 pub struct Args {
     /// The filesystem's devices (all of them, any order).
     #[arg(required = true, value_name = "DEV")]
@@ -64,7 +75,7 @@ pub struct Args {
 }
 
 /// What the command line asks for besides fuser's configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Settings {
     read_only: bool,
     /// Time between periodic commits.
@@ -73,6 +84,17 @@ struct Settings {
     csum_mode: Option<CsumMode>,
     /// Compression of new extents (`compress=`, `compress-force=`).
     compress: Option<(Compression, Option<i32>)>,
+    /// Flags of new regular files (`nodatacow`, `nodatasum`).
+    new_file_flags: u64,
+    /// The subvolume to mount (`subvol=`, `subvolid=`).
+    subvol: Option<SubvolChoice>,
+}
+
+/// Which subvolume `subvol=` and `subvolid=` ask for.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct SubvolChoice {
+    path: Option<String>,
+    id: Option<u64>,
 }
 
 /// The value of `csum=`: inline, offload or auto (seed 003).
@@ -149,9 +171,29 @@ fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<(Config, Settings)> 
     let mut commit_secs = DEFAULT_COMMIT_SECS;
     let mut csum_mode = None;
     let mut compress = None;
+    let (mut nodatacow, mut nodatasum) = (false, false);
+    let mut subvol: Option<SubvolChoice> = None;
     for opt in args.options.iter().flat_map(|o| o.split(',')) {
         let o = match opt {
             "" | "default_permissions" => continue,
+            // As in the kernel: nodatacow implies nodatasum, datasum
+            // implies datacow.
+            "nodatacow" => {
+                (nodatacow, nodatasum) = (true, true);
+                continue;
+            }
+            "datacow" => {
+                nodatacow = false;
+                continue;
+            }
+            "nodatasum" => {
+                nodatasum = true;
+                continue;
+            }
+            "datasum" => {
+                (nodatacow, nodatasum) = (false, false);
+                continue;
+            }
             "ro" => {
                 read_only = true;
                 continue;
@@ -215,6 +257,20 @@ fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<(Config, Settings)> 
                     compress = Some((Compression::Zlib, None));
                     continue;
                 }
+                if let Some(p) = o.strip_prefix("subvol=") {
+                    if p.is_empty() {
+                        bail!("mount option subvol= needs a path");
+                    }
+                    subvol.get_or_insert_with(Default::default).path = Some(p.to_string());
+                    continue;
+                }
+                if let Some(v) = o.strip_prefix("subvolid=") {
+                    let id = v.parse::<u64>().map_err(|_| {
+                        anyhow!("mount option subvolid={v:?}: expected a subvolume id")
+                    })?;
+                    subvol.get_or_insert_with(Default::default).id = Some(id);
+                    continue;
+                }
                 if let Some(name) = o.strip_prefix("fsname=") {
                     fsname = name.to_string();
                     continue;
@@ -268,13 +324,80 @@ fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<(Config, Settings)> 
     config.n_threads = Some(threads);
     // One /dev/fuse descriptor per thread, so they do not contend on one queue.
     config.clone_fd = true;
+    let mut new_file_flags = 0;
+    if nodatasum {
+        new_file_flags |= INODE_NODATASUM;
+    }
+    if nodatacow {
+        new_file_flags |= INODE_NODATACOW | INODE_NODATASUM;
+    }
     let settings = Settings {
         read_only,
         commit_interval: Duration::from_secs(commit_secs),
         csum_mode,
         compress,
+        new_file_flags,
+        subvol,
     };
     Ok((config, settings))
+}
+
+/// The root directory of the subvolume `choice` names, or the default
+/// subvolume's. A path is taken from the top-level subvolume, as the
+/// kernel does; `subvolid=0` means the default subvolume.
+fn mount_root(fs: &Filesystem, choice: Option<&SubvolChoice>) -> Result<InodeId> {
+    let Some(choice) = choice else {
+        return Ok(fs.root());
+    };
+    let top = InodeId {
+        subvol: FS_TREE_OBJECTID,
+        ino: FIRST_INODE,
+    };
+    let by_path = match &choice.path {
+        None => None,
+        Some(p) => {
+            let mut cur = top;
+            for name in p.split('/').filter(|c| !c.is_empty() && *c != ".") {
+                cur = fs
+                    .lookup(cur, name.as_bytes())
+                    .with_context(|| format!("subvolume {p:?} does not exist"))?
+                    .id;
+            }
+            if cur.ino != FIRST_INODE {
+                bail!("subvol={p}: {p:?} is not a subvolume");
+            }
+            Some(cur)
+        }
+    };
+    let by_id = match choice.id {
+        None => None,
+        Some(0) => Some(fs.root()),
+        Some(id) => {
+            let known = id == FS_TREE_OBJECTID
+                || fs
+                    .subvolumes()
+                    .context("cannot list the subvolumes")?
+                    .iter()
+                    .any(|s| s.id == id);
+            if !known {
+                bail!("subvolume with id {id} does not exist");
+            }
+            Some(InodeId {
+                subvol: id,
+                ino: FIRST_INODE,
+            })
+        }
+    };
+    match (by_path, by_id) {
+        (Some(a), Some(b)) if a != b => bail!(
+            "subvol={} is subvolume {}, not subvolid={}",
+            choice.path.as_deref().unwrap_or_default(),
+            a.subvol,
+            b.subvol
+        ),
+        (Some(a), _) | (None, Some(a)) => Ok(a),
+        (None, None) => Ok(fs.root()),
+    }
 }
 
 /// The value of `commit=`: whole seconds; 0 means the default, as in the
@@ -330,11 +453,21 @@ fn serve(
             fs.set_compression(settings.compress)
                 .context("cannot set compression")?;
         }
+        let opts = crate::fuse::Options {
+            root: mount_root(&fs, settings.subvol.as_ref())?,
+            new_file_flags: if settings.read_only {
+                0
+            } else {
+                settings.new_file_flags
+            },
+        };
         let served = Arc::new(Served::new(fs, !settings.read_only));
-        let mut session = fuser::Session::new(FuseFs::new(Arc::clone(&served)), mountpoint, config)
-            .with_context(|| {
-                format!("cannot mount {} on {}", list(devices), mountpoint.display())
-            })?;
+        let fuse = FuseFs::new(Arc::clone(&served), opts);
+        let mut session = fuser::Session::new(fuse, mountpoint, config).with_context(|| {
+            format!("cannot mount {} on {}", list(devices), mountpoint.display())
+        })?;
+        served.set_notifier(session.notifier());
+        raise_readahead(mountpoint);
         let unmounter = session.unmount_callable();
         Ok((session, unmounter, served))
     })();
@@ -386,6 +519,29 @@ fn serve(
     ran.with_context(|| format!("serving {}", mountpoint.display()))?;
     tracing::info!("{} unmounted", mountpoint.display());
     Ok(())
+}
+
+/// Readahead the mount's reads should get: as large as the largest
+/// request (the kernel offers FUSE only its default, 128 KiB).
+const READAHEAD_KB: u64 = crate::fuse::MAX_READAHEAD as u64 / 1024;
+
+/// Raise the readahead of the mount's backing device info (root only; a
+/// no-op elsewhere). It lives as long as the mount. (Its device number
+/// comes from the mount table: nothing may look at the mount itself
+/// before the session serves it.)
+fn raise_readahead(mountpoint: &Path) {
+    let Ok(Some(m)) = super::umount::mount_at(mountpoint) else {
+        return;
+    };
+    let path = format!("/sys/class/bdi/{}:{}/read_ahead_kb", m.dev.0, m.dev.1);
+    let current = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    if current.is_some_and(|kb| kb < READAHEAD_KB)
+        && let Err(e) = std::fs::write(&path, READAHEAD_KB.to_string())
+    {
+        tracing::debug!("cannot raise readahead through {path}: {e}");
+    }
 }
 
 /// Signals that end the mount.

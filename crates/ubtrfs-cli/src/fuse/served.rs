@@ -1,9 +1,11 @@
 //! The filesystem being served, shared by the FUSE handlers, the commit
 //! timer and the mount command: one lock that keeps readers out of a
 //! running change, the transaction commits (periodic, on fsync, and the
-//! last one at unmount), and what happens when a commit fails.
+//! last one at unmount), what happens when a commit fails, and the
+//! notifications that tell the kernel what changed behind its cache.
 
-use fuser::Errno;
+use fuser::{Errno, INodeNo, Notifier};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::thread::JoinHandle;
@@ -32,6 +34,12 @@ pub struct Served {
     timer: Mutex<Option<JoinHandle<()>>>,
     /// The outcome of the last commit, made once by [`Served::finish`].
     last: OnceLock<Result<(), String>>,
+    /// Where the kernel is told of changes it did not make itself; set
+    /// once the session is up.
+    notifier: OnceLock<Notifier>,
+    /// Files whose data changed since the last commit: their byte counts
+    /// settle when the commit writes their data back.
+    touched: Mutex<HashSet<u64>>,
 }
 
 impl Served {
@@ -46,6 +54,34 @@ impl Served {
             stop: (Mutex::new(false), Condvar::new()),
             timer: Mutex::new(None),
             last: OnceLock::new(),
+            notifier: OnceLock::new(),
+            touched: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Start telling the kernel about changes through `n`.
+    pub fn set_notifier(&self, n: Notifier) {
+        let _ = self.notifier.set(n);
+    }
+
+    /// Record that the data of FUSE inode `ino` changed: the next commit
+    /// drops the kernel's cached attributes of it.
+    pub fn note_changed(&self, ino: INodeNo) {
+        self.touched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(ino.0);
+    }
+
+    /// Make the kernel forget the attributes it caches for `ino` (not its
+    /// pages). Never waits for a request the caller might be serving.
+    pub fn invalidate_attrs(&self, ino: INodeNo) {
+        let Some(n) = self.notifier.get() else {
+            return;
+        };
+        // ENOENT: the kernel holds nothing of it any more.
+        if let Err(e) = n.inval_inode(ino, -1, 0) {
+            tracing::trace!("invalidating inode {}: {e}", ino.0);
         }
     }
 
@@ -86,7 +122,7 @@ impl Served {
         if !self.writable {
             return Ok(());
         }
-        let _alone = self.lock.write().unwrap_or_else(|e| e.into_inner());
+        let alone = self.lock.write().unwrap_or_else(|e| e.into_inner());
         if self.closed.load(Ordering::Acquire) {
             // Either everything is committed already (after the last
             // commit nothing can change), or a commit failed.
@@ -98,6 +134,12 @@ impl Served {
         match self.fs.commit() {
             Ok(()) => {
                 tracing::debug!("committed ({why})");
+                let touched =
+                    std::mem::take(&mut *self.touched.lock().unwrap_or_else(|e| e.into_inner()));
+                drop(alone);
+                for ino in touched {
+                    self.invalidate_attrs(INodeNo(ino));
+                }
                 Ok(())
             }
             Err(e) => {

@@ -2,6 +2,33 @@
 //! an errno. Each runs alone under [`super::Served::write`] and answers
 //! with the fresh attributes of the inode it created or changed, read from
 //! the library inside the same hold of the lock.
+//!
+//! # Set-user-ID and set-group-ID bits
+//!
+//! The mount asks for `FUSE_HANDLE_KILLPRIV_V2`: the kernel then stops
+//! asking for `security.capability` before every write, and leaves it to
+//! the filesystem to clear these bits where Linux clears them. The kernel
+//! marks the requests that must clear them (`FATTR_KILL_SUIDGID`,
+//! `FUSE_WRITE_KILL_SUIDGID`), but fuser passes only the write's mark on,
+//! so the others are recognised by their shape:
+//!
+//! * a write marked by the kernel (the writer lacks `CAP_FSETID`);
+//! * a `setattr` that changes nothing: before a write, fallocate or
+//!   copy_file_range by a caller without `CAP_FSETID`, the kernel asks to
+//!   drop the privileges of a regular file, and with this capability what
+//!   reaches the filesystem is that empty request;
+//! * a change of owner or group of anything but a directory, always. A
+//!   `chown(f, -1, -1)` changes neither and still clears the bits: it
+//!   arrives as a `setattr` of the change time alone (for a regular file,
+//!   whose times the kernel keeps itself) or as an empty one;
+//! * a truncate by a caller without `CAP_FSETID`: the caller's capability
+//!   is read from `/proc/PID/status` (a caller that is gone counts as
+//!   unprivileged unless it was root).
+//!
+//! Set-group-ID is cleared only with group execute permission (without,
+//! it marks mandatory locking), as the FUSE protocol specifies; Linux
+//! also clears it for a caller outside the file's group, which the mount
+//! cannot know.
 
 use super::{FuseFs, errno, xattr_errno};
 use crate::util::rdev_from_fuse;
@@ -10,7 +37,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::time::{SystemTime, UNIX_EPOCH};
 use ubtrfs::format::items::Timespec;
-use ubtrfs::fs::{NewInode, SetAttr, Stat};
+use ubtrfs::fs::{FileKind, Filesystem, InodeId, NewInode, SetAttr, Stat};
 
 /// What a `setattr` request asks to change.
 pub(super) struct Change {
@@ -51,9 +78,66 @@ impl FuseFs {
                 gid,
                 rdev: if is_dev { rdev_from_fuse(rdev) } else { 0 },
             };
-            let st = fs.create(dir, name.as_bytes(), new).map_err(errno)?;
+            let mut st = fs.create(dir, name.as_bytes(), new).map_err(errno)?;
+            let extra = self.new_file_flags & !st.flags;
+            if st.kind == FileKind::File && extra != 0 {
+                // The mount's nodatacow/nodatasum, in the same transaction.
+                let settable = st.flags & ubtrfs::fs::SETTABLE_FLAGS;
+                fs.set_flags(st.id, settable | extra).map_err(errno)?;
+                st = fs.stat(st.id).map_err(errno)?;
+            }
             self.entry(&st)
         })
+    }
+
+    /// Write `data` at `offset`; with `kill`, clear the set-user-ID bits
+    /// first. Returns the bytes written and whether bits were cleared.
+    pub(super) fn do_write(
+        &self,
+        ino: INodeNo,
+        offset: u64,
+        data: &[u8],
+        kill: bool,
+    ) -> Result<(u32, bool), Errno> {
+        let id = self.inode_of(ino);
+        let done = self.served.write(|fs| {
+            self.keeping_times(fs, id, || {
+                let killed = kill && kill_privs(fs, id)?;
+                let n = fs.write(id, offset, data).map_err(errno)?;
+                Ok((u32::try_from(n).map_err(|_| Errno::EOVERFLOW)?, killed))
+            })
+        })?;
+        self.served.note_changed(ino);
+        Ok(done)
+    }
+
+    /// Run `f`, a change of the contents of `id`, and put back the
+    /// modification and change times `id` had if it is a regular file
+    /// under the writeback cache: the kernel keeps those times itself
+    /// then, and sends them (`setattr`) when it changes them. Were the
+    /// library to move them too (say, when written data reaches it after
+    /// the kernel sent its times), what is on disk would differ from what
+    /// the kernel shows.
+    pub(super) fn keeping_times<T>(
+        &self,
+        fs: &Filesystem,
+        id: InodeId,
+        f: impl FnOnce() -> Result<T, Errno>,
+    ) -> Result<T, Errno> {
+        if !self.writeback_cache {
+            return f();
+        }
+        let before = fs.stat(id).map_err(errno)?;
+        let done = f()?;
+        if before.kind == FileKind::File {
+            let times = SetAttr {
+                mtime: Some(before.mtime),
+                ctime: Some(before.ctime),
+                ..SetAttr::default()
+            };
+            fs.setattr(id, times).map_err(errno)?;
+        }
+        Ok(done)
     }
 
     /// A symbolic link `name` in `parent` to `target`, owned by the caller.
@@ -104,14 +188,19 @@ impl FuseFs {
     }
 
     /// chmod, chown, utimens and truncate, in one request.
-    pub(super) fn do_setattr(&self, ino: INodeNo, c: Change) -> Result<FileAttr, Errno> {
+    pub(super) fn do_setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        c: Change,
+    ) -> Result<FileAttr, Errno> {
         let id = self.inode_of(ino);
         let now = Timespec::now();
         let at = |t: TimeOrNow| match t {
             TimeOrNow::Now => now,
             TimeOrNow::SpecificTime(t) => timespec(t),
         };
-        let attr = SetAttr {
+        let mut attr = SetAttr {
             mode: c.mode.map(|m| m & 0o7777),
             uid: c.uid,
             gid: c.gid,
@@ -120,10 +209,50 @@ impl FuseFs {
             mtime: c.mtime.map(at),
             ctime: c.ctime.map(timespec),
         };
-        self.served.write(|fs| {
-            let st = fs.setattr(id, attr).map_err(errno)?;
-            self.attr(&st)
-        })
+        let times_only = SetAttr {
+            atime: None,
+            mtime: None,
+            ctime: None,
+            ..attr
+        } == SetAttr::default();
+        let changed = self.served.write(|fs| {
+            let change = |attr: &mut SetAttr| -> ubtrfs::Result<Stat> {
+                if self.killpriv && attr.mode.is_none() {
+                    // See the module documentation; an explicit mode wins.
+                    attr.mode = self.mode_killed(req, &fs.stat(id)?, attr);
+                }
+                fs.setattr(id, *attr)
+            };
+            match change(&mut attr) {
+                Ok(st) => self.attr(&st).map(Some),
+                // With the writeback cache the kernel sends the times of a
+                // file it has just unlinked, and which no one has open: the
+                // library has deleted it already. Nothing is left to change.
+                Err(ubtrfs::Error::NotFound(_)) if times_only => Ok(None),
+                Err(e) => Err(errno(e)),
+            }
+        })?;
+        if c.size.is_some() {
+            self.served.note_changed(ino);
+        }
+        Ok(changed.unwrap_or_else(|| deleted_file(ino)))
+    }
+
+    /// The mode a `setattr` of `st` must set to clear set-user-ID bits,
+    /// if any (see the module documentation).
+    fn mode_killed(&self, req: &Request, st: &Stat, attr: &SetAttr) -> Option<u32> {
+        let owner = killed_mode(st, false)?;
+        let chown = attr.uid.is_some() || attr.gid.is_some();
+        let times = attr.atime.is_some() || attr.mtime.is_some();
+        let ctime_only = attr.ctime.is_some() && !times && attr.size.is_none();
+        // An empty request is `chown(f, -1, -1)` of a file the kernel
+        // keeps no times of, or the kernel dropping a regular file's
+        // privileges before a change of contents.
+        if chown || ctime_only || *attr == SetAttr::default() {
+            return Some(owner);
+        }
+        let contents = killed_mode(st, true)?;
+        (attr.size.is_some() && !has_fsetid(req)).then_some(contents)
     }
 
     pub(super) fn do_setxattr(
@@ -157,9 +286,90 @@ impl FuseFs {
     ) -> Result<(), Errno> {
         let mode = u32::try_from(mode).map_err(|_| Errno::EOPNOTSUPP)?;
         let id = self.inode_of(ino);
-        self.served
-            .write(|fs| fs.fallocate(id, mode, offset, length).map_err(errno))
+        self.served.write(|fs| {
+            self.keeping_times(fs, id, || {
+                fs.fallocate(id, mode, offset, length).map_err(errno)
+            })
+        })?;
+        self.served.note_changed(ino);
+        Ok(())
     }
+}
+
+/// The attributes answered for a regular file the library has deleted:
+/// no names, nothing in it.
+fn deleted_file(ino: INodeNo) -> FileAttr {
+    FileAttr {
+        ino,
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: fuser::FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
+/// The mode of `st` with the set-user-ID bits a change clears, if it has
+/// any: set-user-ID, and set-group-ID with group execute permission. A
+/// change of contents (`contents`) clears them on regular files only, a
+/// change of owner on anything but a directory.
+fn killed_mode(st: &Stat, contents: bool) -> Option<u32> {
+    let applies = match st.kind {
+        FileKind::File => true,
+        FileKind::Dir => false,
+        _ => !contents,
+    };
+    if !applies {
+        return None;
+    }
+    let mut m = st.mode & 0o7777;
+    m &= !libc::S_ISUID;
+    if m & libc::S_IXGRP != 0 {
+        m &= !libc::S_ISGID;
+    }
+    (m != st.mode & 0o7777).then_some(m)
+}
+
+/// Clear the set-user-ID bits of `id` ([`killed_mode`]); true if any were set.
+fn kill_privs(fs: &Filesystem, id: InodeId) -> Result<bool, Errno> {
+    let st = fs.stat(id).map_err(errno)?;
+    let Some(mode) = killed_mode(&st, true) else {
+        return Ok(false);
+    };
+    let change = SetAttr {
+        mode: Some(mode),
+        ..SetAttr::default()
+    };
+    fs.setattr(id, change).map_err(errno)?;
+    Ok(true)
+}
+
+/// `CAP_FSETID`: may keep set-user-ID bits while changing a file.
+const CAP_FSETID: u32 = 4;
+
+/// Whether the caller of `req` has `CAP_FSETID` in its effective set.
+fn has_fsetid(req: &Request) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", req.pid()));
+    match status.ok().as_deref().and_then(cap_eff) {
+        Some(caps) => caps & (1 << CAP_FSETID) != 0,
+        // Gone already (or no /proc): only root is presumed to hold it.
+        None => req.uid() == 0,
+    }
+}
+
+/// The effective capability set in the text of `/proc/PID/status`.
+fn cap_eff(status: &str) -> Option<u64> {
+    let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+    u64::from_str_radix(hex.trim(), 16).ok()
 }
 
 /// The mode and group of a new inode in directory `parent`, for a caller
@@ -251,6 +461,34 @@ mod tests {
             otime: now,
             generation: 1,
         }
+    }
+
+    #[test]
+    fn privileges_killed() {
+        let file = |mode: u32| Stat {
+            kind: FileKind::File,
+            mode: libc::S_IFREG | mode,
+            ..dir(0, 0)
+        };
+        assert_eq!(killed_mode(&file(0o4755), true), Some(0o755));
+        assert_eq!(killed_mode(&file(0o6755), true), Some(0o755));
+        assert_eq!(killed_mode(&file(0o2755), true), Some(0o755));
+        // No group execute: set-group-ID marks mandatory locking and stays.
+        assert_eq!(killed_mode(&file(0o2745), true), None);
+        assert_eq!(killed_mode(&file(0o6745), true), Some(0o2745));
+        assert_eq!(killed_mode(&file(0o755), true), None);
+        assert_eq!(killed_mode(&dir(0o4755, 0), false), None);
+        // A change of owner clears them on a fifo too, not a write.
+        let fifo = Stat {
+            kind: FileKind::Fifo,
+            mode: libc::S_IFIFO | 0o6755,
+            ..dir(0, 0)
+        };
+        assert_eq!(killed_mode(&fifo, false), Some(0o755));
+        assert_eq!(killed_mode(&fifo, true), None);
+        let status = "Name:\tx\nCapInh:\t0000000000000000\nCapEff:\t000001ffffffffff\n";
+        assert_eq!(cap_eff(status), Some(0x1ff_ffff_ffff));
+        assert_eq!(cap_eff("Name: x\n"), None);
     }
 
     #[test]

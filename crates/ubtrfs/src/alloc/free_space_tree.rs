@@ -87,8 +87,68 @@ pub fn on_disk_free(g: &BlockGroup) -> RangeSet {
 /// describes, so deleting and reinserting everything would free and
 /// allocate blocks on every round and never settle.
 pub fn rewrite(ed: &mut TreeEditor<'_>, root: &mut RootPtr, g: &BlockGroup) -> Result<()> {
-    let free = on_disk_free(g);
-    let (start, end) = (g.start, g.start + g.len);
+    update(ed, root, g.start, g.len, &on_disk_free(g), None)
+}
+
+/// Make the free-space tree say that `free` is free in the group at
+/// `start` of `len` bytes, as extent items, touching only the items that
+/// change. `written` is what the tree holds for the group, if known (what
+/// the last update of it wrote): then the tree is not read at all.
+pub fn update(
+    ed: &mut TreeEditor<'_>,
+    root: &mut RootPtr,
+    start: u64,
+    len: u64,
+    free: &RangeSet,
+    written: Option<&RangeSet>,
+) -> Result<()> {
+    let end = start + len;
+    let info_key = Key::new(start, FREE_SPACE_INFO_KEY, len);
+    let mut info = Vec::with_capacity(8);
+    info.extend_from_slice(&(free.len() as u32).to_le_bytes());
+    info.extend_from_slice(&0u32.to_le_bytes());
+    if let Some(old) = written {
+        // Both sets are in order: walk them together.
+        let (mut gone, mut new) = (Vec::new(), Vec::new());
+        let (mut a, mut b) = (old.iter().peekable(), free.iter().peekable());
+        loop {
+            match (a.peek().copied(), b.peek().copied()) {
+                (Some(x), Some(y)) if x == y => {
+                    a.next();
+                    b.next();
+                }
+                (Some(x), Some(y)) if x.0 < y.0 => {
+                    gone.push(x);
+                    a.next();
+                }
+                (Some(x), Some(y)) if x.0 == y.0 => {
+                    gone.push(x);
+                    new.push(y);
+                    a.next();
+                    b.next();
+                }
+                (Some(x), None) => {
+                    gone.push(x);
+                    a.next();
+                }
+                (_, Some(y)) => {
+                    new.push(y);
+                    b.next();
+                }
+                (None, None) => break,
+            }
+        }
+        for (s, l) in gone {
+            ed.delete(root, Key::new(s, FREE_SPACE_EXTENT_KEY, l))?;
+        }
+        for (s, l) in new {
+            ed.insert(root, Key::new(s, FREE_SPACE_EXTENT_KEY, l), Vec::new())?;
+        }
+        if old.len() != free.len() {
+            ed.put(root, info_key, info)?;
+        }
+        return Ok(());
+    }
     let lo = Key::new(start, FREE_SPACE_INFO_KEY, 0);
     let mut old = BTreeMap::new();
     for item in ed
@@ -106,10 +166,7 @@ pub fn rewrite(ed: &mut TreeEditor<'_>, root: &mut RootPtr, g: &BlockGroup) -> R
         }
     }
     let mut want = BTreeMap::new();
-    let mut info = Vec::with_capacity(8);
-    info.extend_from_slice(&(free.len() as u32).to_le_bytes());
-    info.extend_from_slice(&0u32.to_le_bytes());
-    want.insert(Key::new(start, FREE_SPACE_INFO_KEY, g.len), info);
+    want.insert(info_key, info);
     for (s, l) in free.iter() {
         want.insert(Key::new(s, FREE_SPACE_EXTENT_KEY, l), Vec::new());
     }

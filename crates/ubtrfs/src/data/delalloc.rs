@@ -1,14 +1,24 @@
-//! Delayed allocation: written data held in memory per inode, by sector,
-//! until writeback turns contiguous runs of it into ordered extents.
+//! Delayed allocation: written data held in memory per inode, in runs of
+//! contiguous whole sectors, until writeback turns them into ordered
+//! extents.
+//!
+//! A run grows in place as writes extend it, so a streaming writer costs
+//! one copy into memory, and writeback takes the runs out without copying
+//! them again.
 
+use super::write::MAX_EXTENT;
 use crate::fs::InodeId;
 use std::collections::BTreeMap;
 
 /// Dirty sectors of every inode.
 #[derive(Debug, Default)]
 pub struct Delalloc {
-    files: BTreeMap<InodeId, BTreeMap<u64, Box<[u8]>>>,
+    /// Per inode: runs by the index of their first sector. Runs never
+    /// overlap; adjacent ones may stay apart (a run only grows at its end).
+    files: BTreeMap<InodeId, BTreeMap<u64, Vec<u8>>>,
     bytes: u64,
+    /// Sector size, learnt from the first sector stored.
+    sectorsize: u64,
 }
 
 /// A run of contiguous dirty sectors of one inode.
@@ -36,25 +46,57 @@ impl Delalloc {
         self.files.keys().copied().collect()
     }
 
+    /// The run of `id` holding sector `index`, as (first sector, bytes).
+    fn run_of(&self, id: InodeId, index: u64) -> Option<(u64, &Vec<u8>)> {
+        let ss = self.sectorsize;
+        let (&start, run) = self.files.get(&id)?.range(..=index).next_back()?;
+        ((index - start) * ss < run.len() as u64).then_some((start, run))
+    }
+
     /// The dirty sector `index` of `id`, if any.
     pub fn sector(&self, id: InodeId, index: u64) -> Option<&[u8]> {
-        self.files
-            .get(&id)
-            .and_then(|f| f.get(&index))
-            .map(|b| &b[..])
+        let ss = self.sectorsize as usize;
+        let (start, run) = self.run_of(id, index)?;
+        let at = (index - start) as usize * ss;
+        Some(&run[at..at + ss])
     }
 
     /// Store sector `index` of `id`.
     pub fn put(&mut self, id: InodeId, index: u64, data: Box<[u8]>) {
-        let len = data.len() as u64;
-        if self
-            .files
-            .entry(id)
-            .or_default()
-            .insert(index, data)
-            .is_none()
-        {
-            self.bytes += len;
+        self.put_sectors(id, index, &data, data.len() as u64);
+    }
+
+    /// Store `data`, whole sectors of `sectorsize` bytes, as the dirty
+    /// sectors of `id` from sector `index` on.
+    pub fn put_sectors(&mut self, id: InodeId, index: u64, data: &[u8], sectorsize: u64) {
+        if self.sectorsize == 0 {
+            self.sectorsize = sectorsize;
+        }
+        let ss = self.sectorsize as usize;
+        let file = self.files.entry(id).or_default();
+        for (i, sector) in data.chunks(ss).enumerate() {
+            let idx = index + i as u64;
+            // The run holding this sector is overwritten; one ending just
+            // before it grows; else the sector starts a run of its own.
+            match file.range_mut(..=idx).next_back() {
+                Some((&start, run)) if ((idx - start) as usize) * ss < run.len() => {
+                    let at = (idx - start) as usize * ss;
+                    run[at..at + sector.len()].copy_from_slice(sector);
+                }
+                // A run stops growing at the largest extent, so writeback
+                // can usually hand runs over without cutting them.
+                Some((&start, run))
+                    if ((idx - start) as usize) * ss == run.len()
+                        && (run.len() + sector.len()) as u64 <= MAX_EXTENT =>
+                {
+                    run.extend_from_slice(sector);
+                    self.bytes += sector.len() as u64;
+                }
+                _ => {
+                    file.insert(idx, sector.to_vec());
+                    self.bytes += sector.len() as u64;
+                }
+            }
         }
     }
 
@@ -63,46 +105,71 @@ impl Delalloc {
     pub fn overlay(&self, id: InodeId, offset: u64, out: &mut [u8], sectorsize: u64) {
         let Some(f) = self.files.get(&id) else { return };
         let end = offset + out.len() as u64;
-        for (&idx, data) in f.range(offset / sectorsize..end.div_ceil(sectorsize)) {
+        // Runs do not overlap, so their ends are in order too: walk back
+        // from the last run starting before `end` to the first ending after `offset`.
+        for (&idx, run) in f.range(..end.div_ceil(sectorsize)).rev() {
             let s = idx * sectorsize;
+            let e = s + run.len() as u64;
+            if e <= offset {
+                break;
+            }
             let lo = s.max(offset);
-            let hi = (s + sectorsize).min(end);
+            let hi = e.min(end);
             if lo < hi {
                 out[(lo - offset) as usize..(hi - offset) as usize]
-                    .copy_from_slice(&data[(lo - s) as usize..(hi - s) as usize]);
+                    .copy_from_slice(&run[(lo - s) as usize..(hi - s) as usize]);
             }
         }
     }
 
-    /// The runs of `id`, each at most `max` bytes.
+    /// The runs of `id`, contiguous sectors joined, each at most `max`
+    /// bytes (a long stretch is cut every `max` bytes from its start).
     pub fn runs(&self, id: InodeId, sectorsize: u64, max: u64) -> Vec<DirtyRun> {
-        let mut out: Vec<DirtyRun> = Vec::new();
         let Some(f) = self.files.get(&id) else {
-            return out;
+            return Vec::new();
         };
-        for (&idx, data) in f {
-            let at = idx * sectorsize;
-            match out.last_mut() {
-                Some(r) if r.offset + r.data.len() as u64 == at && (r.data.len() as u64) < max => {
-                    r.data.extend_from_slice(data)
-                }
-                _ => out.push(DirtyRun {
-                    offset: at,
-                    data: data.to_vec(),
-                }),
-            }
-        }
-        out
+        let runs = f.iter().map(|(&idx, run)| DirtyRun {
+            offset: idx * sectorsize,
+            data: run.clone(),
+        });
+        join_and_cut(runs, max)
+    }
+
+    /// Like [`Delalloc::runs`], taking the data out of the inode's dirty
+    /// set (nothing is copied unless runs must be joined or cut).
+    pub fn take_runs(&mut self, id: InodeId, sectorsize: u64, max: u64) -> Vec<DirtyRun> {
+        let Some(f) = self.files.remove(&id) else {
+            return Vec::new();
+        };
+        let runs: Vec<DirtyRun> = f
+            .into_iter()
+            .map(|(idx, data)| DirtyRun {
+                offset: idx * sectorsize,
+                data,
+            })
+            .collect();
+        self.bytes -= runs.iter().map(|r| r.data.len() as u64).sum::<u64>();
+        join_and_cut(runs.into_iter(), max)
     }
 
     /// Forget the dirty data of `id` from sector `from_index` on.
     pub fn discard_from(&mut self, id: InodeId, from_index: u64) {
-        if let Some(f) = self.files.get_mut(&id) {
-            let gone = f.split_off(&from_index);
-            self.bytes -= gone.values().map(|b| b.len() as u64).sum::<u64>();
-            if f.is_empty() {
-                self.files.remove(&id);
+        let ss = self.sectorsize as usize;
+        let Some(f) = self.files.get_mut(&id) else {
+            return;
+        };
+        let gone = f.split_off(&from_index);
+        let mut freed: u64 = gone.values().map(|b| b.len() as u64).sum();
+        if let Some((&start, run)) = f.range_mut(..from_index).next_back() {
+            let keep = (from_index - start) as usize * ss;
+            if run.len() > keep {
+                freed += (run.len() - keep) as u64;
+                run.truncate(keep);
             }
+        }
+        self.bytes -= freed;
+        if f.is_empty() {
+            self.files.remove(&id);
         }
     }
 
@@ -110,6 +177,49 @@ impl Delalloc {
     pub fn discard(&mut self, id: InodeId) {
         self.discard_from(id, 0);
     }
+}
+
+/// Join runs (in order, not overlapping) that touch, then cut each stretch
+/// into pieces of at most `max` bytes from its start.
+fn join_and_cut(runs: impl Iterator<Item = DirtyRun>, max: u64) -> Vec<DirtyRun> {
+    let max = max.max(1) as usize;
+    let mut joined: Vec<DirtyRun> = Vec::new();
+    // Where the stretch of contiguous runs the last one belongs to starts.
+    let mut stretch = 0;
+    for r in runs {
+        match joined.last_mut() {
+            Some(last) if last.offset + last.data.len() as u64 == r.offset => {
+                // A run ending at a cut point needs no joining (the usual
+                // case: runs stop growing at the largest extent).
+                let cut = ((r.offset - stretch) as usize).is_multiple_of(max);
+                if cut && last.data.len() <= max {
+                    joined.push(r);
+                } else {
+                    last.data.extend_from_slice(&r.data);
+                }
+            }
+            _ => {
+                stretch = r.offset;
+                joined.push(r);
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(joined.len());
+    for mut r in joined {
+        // Cut from the back, so each piece is copied once at most.
+        let mut tail = Vec::new();
+        while r.data.len() > max {
+            let at = (r.data.len() - 1) / max * max;
+            let piece = r.data.split_off(at);
+            tail.push(DirtyRun {
+                offset: r.offset + at as u64,
+                data: piece,
+            });
+        }
+        out.push(r);
+        out.extend(tail.into_iter().rev());
+    }
+    out
 }
 
 #[cfg(test)]
@@ -141,5 +251,88 @@ mod tests {
         assert_eq!(d.bytes(), 8);
         d.discard(id);
         assert!(!d.has(id));
+    }
+
+    /// Random sector writes, overlays, cuts and takes agree with a plain
+    /// map of sectors.
+    #[test]
+    fn matches_a_sector_map() {
+        let id = InodeId {
+            subvol: 5,
+            ino: 300,
+        };
+        let ss = 8u64;
+        let mut x: u64 = 77;
+        let mut rnd = move |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        for round in 0..200u64 {
+            let mut d = Delalloc::default();
+            let mut model: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+            for step in 0..40u64 {
+                let idx = rnd(64);
+                let n = 1 + rnd(6) as usize;
+                let data: Vec<u8> = (0..n * ss as usize)
+                    .map(|i| (step * 7 + i as u64 / ss) as u8)
+                    .collect();
+                if rnd(4) == 0 {
+                    d.put(id, idx, data[..ss as usize].to_vec().into_boxed_slice());
+                    model.insert(idx, data[..ss as usize].to_vec());
+                } else {
+                    d.put_sectors(id, idx, &data, ss);
+                    for (i, s) in data.chunks(ss as usize).enumerate() {
+                        model.insert(idx + i as u64, s.to_vec());
+                    }
+                }
+                if rnd(10) == 0 {
+                    let from = rnd(70);
+                    d.discard_from(id, from);
+                    model.retain(|&k, _| k < from);
+                }
+                assert_eq!(d.bytes(), model.len() as u64 * ss);
+                for i in 0..72 {
+                    assert_eq!(
+                        d.sector(id, i),
+                        model.get(&i).map(|v| &v[..]),
+                        "round {round}"
+                    );
+                }
+                let (off, len) = (rnd(600), rnd(100) as usize);
+                let mut got = vec![0xee; len];
+                d.overlay(id, off, &mut got, ss);
+                let mut want = vec![0xee; len];
+                for (i, b) in want.iter_mut().enumerate() {
+                    let at = off + i as u64;
+                    if let Some(s) = model.get(&(at / ss)) {
+                        *b = s[(at % ss) as usize];
+                    }
+                }
+                assert_eq!(got, want);
+            }
+            // Runs: contiguous sectors joined, cut every `max` bytes.
+            let max = ss * (1 + rnd(5));
+            let mut want: Vec<DirtyRun> = Vec::new();
+            for (&i, s) in &model {
+                match want.last_mut() {
+                    Some(r)
+                        if r.offset + r.data.len() as u64 == i * ss
+                            && (r.data.len() as u64) < max =>
+                    {
+                        r.data.extend_from_slice(s)
+                    }
+                    _ => want.push(DirtyRun {
+                        offset: i * ss,
+                        data: s.clone(),
+                    }),
+                }
+            }
+            assert_eq!(d.runs(id, ss, max), want);
+            assert_eq!(d.take_runs(id, ss, max), want);
+            assert_eq!(d.bytes(), 0);
+            assert!(!d.has(id));
+        }
     }
 }

@@ -1,7 +1,9 @@
 //! The data layer: file contents. Reads assemble extents, decompress, and
 //! verify every sector against the checksum tree.
 
+mod clone;
 pub mod compression;
+mod csum_pool;
 pub mod delalloc;
 mod nocow;
 pub mod ordered;

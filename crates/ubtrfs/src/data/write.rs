@@ -8,6 +8,7 @@
 //! never records a size its extents do not back.
 
 use super::compression::{Compression, compress};
+use super::delalloc::DirtyRun;
 use super::ordered::OrderedExtent;
 use crate::alloc::SpaceKind;
 use crate::alloc::delayed_ref::DataOwner;
@@ -34,6 +35,7 @@ impl Filesystem {
             return Ok(0);
         }
         let mut w = self.writer()?;
+        w.check_writable(id.subvol)?;
         let inode = self.inode_item(id)?;
         match FileKind::from_mode(inode.mode) {
             Some(FileKind::File) => {}
@@ -68,17 +70,26 @@ impl Filesystem {
                 + u64::from(uninline && first > 0 && d.sector(id, 0).is_none())
         };
         self.reserve_dirty_space(&mut w, new_sectors * ss)?;
+        // Sectors the write covers whole take its bytes in one go; one it
+        // covers in part keeps its other bytes (dirty ones, or from disk).
+        let (full_lo, full_hi) = (offset.div_ceil(ss), end / ss);
+        if full_lo < full_hi {
+            let from = (full_lo * ss - offset) as usize;
+            let to = (full_hi * ss - offset) as usize;
+            self.delalloc()
+                .put_sectors(id, full_lo, &data[from..to], ss);
+        }
         let mut sectors = Vec::new();
         if uninline && first > 0 {
             sectors.push(0);
         }
-        sectors.extend(first..=last);
+        sectors.extend((first..=last).filter(|&i| i < full_lo || i >= full_hi));
+        sectors.dedup();
         for idx in sectors {
             let s = idx * ss;
             let existing = self.delalloc().sector(id, idx).map(|b| b.to_vec());
             let mut buf = match existing {
                 Some(b) => b,
-                None if s >= offset && s + ss <= end => vec![0u8; ss as usize],
                 None => {
                     let mut b = self.read_stored(id, s, ss as usize)?;
                     b.resize(ss as usize, 0);
@@ -134,12 +145,31 @@ impl Filesystem {
     }
 
     /// Write back the dirty data of `id` as ordered extents (or inline).
+    ///
+    /// The data leaves the dirty set first and moves into the ordered
+    /// extents without a copy; if writeback fails, what was not yet
+    /// written goes back. (The caller holds the write state, so no write
+    /// comes in between; a reader running meanwhile may see the old data.)
     pub(crate) fn writeback(&self, w: &mut Writer, id: InodeId) -> Result<()> {
         let ss = self.geometry().sectorsize as u64;
-        let runs = self.delalloc().runs(id, ss, MAX_EXTENT);
+        let mut runs = self.delalloc().take_runs(id, ss, MAX_EXTENT);
         if runs.is_empty() {
             return Ok(());
         }
+        let r = self.writeback_runs(w, id, &mut runs);
+        if r.is_err() {
+            let mut d = self.delalloc();
+            for run in runs.iter().filter(|r| !r.data.is_empty()) {
+                d.put_sectors(id, run.offset / ss, &run.data, ss);
+            }
+        }
+        r
+    }
+
+    /// [`Filesystem::writeback`] of `runs`, taken out of the dirty set;
+    /// each run's data is emptied once it is handed to an ordered extent.
+    fn writeback_runs(&self, w: &mut Writer, id: InodeId, runs: &mut [DirtyRun]) -> Result<()> {
+        let ss = self.geometry().sectorsize as u64;
         let inode = self.inode_item(id)?;
         let size = inode.size;
         if size <= MAX_INLINE
@@ -156,7 +186,7 @@ impl Filesystem {
             })?;
         } else {
             let nocow = inode.flags & INODE_NODATACOW != 0;
-            for run in &runs {
+            for run in runs.iter_mut() {
                 let len = run.data.len() as u64;
                 let segs = if nocow {
                     self.nocow_segments(id, run.offset, len)?
@@ -167,41 +197,66 @@ impl Filesystem {
                         in_place: None,
                     }]
                 };
+                if let [seg] = &segs[..]
+                    && seg.in_place.is_none()
+                    && seg.len == len
+                {
+                    // The whole run goes to new extents: hand its data over.
+                    self.cow_range(w, id, run.offset, &mut run.data)?;
+                    continue;
+                }
                 for seg in segs {
                     let from = (seg.offset - run.offset) as usize;
                     let bytes = &run.data[from..from + seg.len as usize];
                     match seg.in_place {
                         // The extent stays; only its bytes change.
                         Some(at) => self.tree_reader().volume().write(at, bytes)?,
-                        None => self.cow_range(w, id, seg.offset, bytes)?,
+                        None => self.cow_range(w, id, seg.offset, &mut bytes.to_vec())?,
                     }
                 }
+                run.data = Vec::new();
             }
             if !self.superblock().no_holes() {
                 self.fill_holes(w, id, size)?;
             }
         }
-        self.delalloc().discard(id);
         Ok(())
     }
 
     /// Write `data` at `offset` into new extents, replacing what was there.
-    fn cow_range(&self, w: &mut Writer, id: InodeId, offset: u64, data: &[u8]) -> Result<()> {
+    /// Once space is reserved, `data` is taken (left empty).
+    fn cow_range(
+        &self,
+        w: &mut Writer,
+        id: InodeId,
+        offset: u64,
+        data: &mut Vec<u8>,
+    ) -> Result<()> {
         if let Some((kind, level)) = self.compression_for(w, id)? {
-            return self.cow_range_compressed(w, id, offset, data, kind, level);
+            self.cow_range_compressed(w, id, offset, data, kind, level)?;
+            *data = Vec::new();
+            return Ok(());
         }
         let len = data.len() as u64;
         let pieces = self.reserve_data(w, len)?;
+        let data = std::mem::take(data);
         let removed = self.drop_range(w, id, offset, offset + len)?;
         let mut added = 0;
         let mut done = 0usize;
+        let single = pieces.len() == 1;
+        let mut data = Some(data);
         for (disk, plen) in pieces {
-            let oe = OrderedExtent::new(
-                id,
-                offset + done as u64,
-                disk,
-                data[done..done + plen as usize].to_vec(),
-            );
+            // One piece (the usual case) takes the buffer as it is.
+            let bytes = match data.take() {
+                Some(d) if single => d,
+                Some(d) => {
+                    let piece = d[done..done + plen as usize].to_vec();
+                    data = Some(d);
+                    piece
+                }
+                None => Vec::new(),
+            };
+            let oe = OrderedExtent::new(id, offset + done as u64, disk, bytes);
             added += self.complete_ordered(w, oe)?;
             done += plen as usize;
         }
@@ -315,13 +370,41 @@ impl Filesystem {
     }
 
     fn extent_items(&self, id: InodeId) -> Result<Vec<(u64, FileExtentItem)>> {
-        self.fs_tree(id.subvol)?
-            .items_of(id.ino, EXTENT_DATA_KEY)?
-            .map(|it| {
-                let it = it?;
-                Ok((it.key().offset, FileExtentItem::parse(it.data())?))
-            })
-            .collect()
+        self.extent_items_in(id, 0, u64::MAX)
+    }
+
+    /// The file extent items of `id` that reach into `[start, end)`: the
+    /// search starts at the one covering `start`, so the cost follows the
+    /// range, not the size of the file.
+    fn extent_items_in(
+        &self,
+        id: InodeId,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<(u64, FileExtentItem)>> {
+        if start >= end {
+            return Ok(Vec::new());
+        }
+        let tree = self.fs_tree(id.subvol)?;
+        // Extents do not overlap: only the last one starting at or before
+        // `start` can reach into the range from the left.
+        let first = tree
+            .get_le(&Key::new(id.ino, EXTENT_DATA_KEY, start))?
+            .map(|it| it.key())
+            .filter(|k| k.objectid == id.ino && k.item_type == EXTENT_DATA_KEY)
+            .map_or(start, |k| k.offset);
+        let mut out = Vec::new();
+        for it in tree.range(
+            Key::new(id.ino, EXTENT_DATA_KEY, first),
+            Key::new(id.ino, EXTENT_DATA_KEY, end - 1),
+        )? {
+            let it = it?;
+            let fe = FileExtentItem::parse(it.data())?;
+            if it.key().offset.saturating_add(fe.len()) > start {
+                out.push((it.key().offset, fe));
+            }
+        }
+        Ok(out)
     }
 
     fn has_inline(&self, id: InodeId) -> Result<bool> {
@@ -409,7 +492,7 @@ impl Filesystem {
         end: u64,
     ) -> Result<u64> {
         let mut removed = 0u64;
-        for (key_off, fe) in self.extent_items(id)? {
+        for (key_off, fe) in self.extent_items_in(id, start, end)? {
             let ext_end = key_off.saturating_add(fe.len());
             if ext_end <= start || key_off >= end {
                 continue;
@@ -447,7 +530,15 @@ impl Filesystem {
                     num_bytes: start - key_off,
                 };
                 if !real {
+                    // A hole as the kernel writes one: offset 0, ram_bytes
+                    // its length (a split kernel hole may carry an offset).
                     h.ram_bytes = start - key_off;
+                    h.body = ExtentBody::Regular {
+                        disk_bytenr: 0,
+                        disk_num_bytes: 0,
+                        offset: 0,
+                        num_bytes: start - key_off,
+                    };
                 }
                 h
             });

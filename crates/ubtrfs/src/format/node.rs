@@ -65,7 +65,7 @@ pub struct Expect {
 }
 
 /// A verified tree block.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Node {
     pub header: Header,
     data: Box<[u8]>,
@@ -385,10 +385,217 @@ impl Node {
 
     /// The block's bytes with its checksum filled in, ready to write.
     pub fn sealed_bytes(&self, csum_type: CsumType) -> Vec<u8> {
-        let mut out = self.data.to_vec();
-        let c = csum_type.compute(&out[32..]);
-        out[..32].copy_from_slice(&c);
+        let mut out = Vec::with_capacity(self.data.len());
+        self.seal_into(csum_type, &mut out);
         out
+    }
+
+    /// Append the block's bytes with its checksum filled in to `out`.
+    pub fn seal_into(&self, csum_type: CsumType, out: &mut Vec<u8>) {
+        let at = out.len();
+        out.extend_from_slice(&self.data);
+        let c = csum_type.compute(&out[at + 32..]);
+        out[at..at + 32].copy_from_slice(&c);
+    }
+}
+
+/// In-place edits of a block's contents, for the copy-on-write editor:
+/// each keeps the layout [`Node::build`] makes (item headers packed after
+/// the header, item data packed down from the end, the gap zeroed), so an
+/// edited block is byte for byte what building its items anew would give.
+/// Each checks that the result fits and fails without changing anything if
+/// it does not.
+impl Node {
+    /// Bytes the items (headers and data) or key pointers take after the header.
+    pub fn used(&self) -> usize {
+        let n = self.nritems();
+        if !self.is_leaf() {
+            return n * KEY_PTR_SIZE;
+        }
+        n * ITEM_SIZE + self.data_area() - self.data_low()
+    }
+
+    /// Bytes still free in the block.
+    pub fn free_space(&self) -> usize {
+        self.data_area().saturating_sub(self.used())
+    }
+
+    /// Size of the area after the header.
+    fn data_area(&self) -> usize {
+        self.data.len() - HEADER_SIZE
+    }
+
+    /// Leaf: where the lowest item data starts (offset after the header).
+    fn data_low(&self) -> usize {
+        match self.nritems() {
+            0 => self.data_area(),
+            n => self.raw_item_range(n - 1).0,
+        }
+    }
+
+    /// Leaf: where item `i`'s data ends (item 0's at the end of the block).
+    fn data_end(&self, i: usize) -> usize {
+        match i {
+            0 => self.data_area(),
+            _ => self.raw_item_range(i - 1).0,
+        }
+    }
+
+    fn set_item_off(&mut self, i: usize, off: usize) {
+        let o = HEADER_SIZE + i * ITEM_SIZE + KEY_SIZE;
+        self.data[o..o + 4].copy_from_slice(&(off as u32).to_le_bytes());
+    }
+
+    fn set_nritems(&mut self, n: usize) {
+        self.header.nritems = n as u32;
+        self.data[0x60..0x64].copy_from_slice(&(n as u32).to_le_bytes());
+    }
+
+    fn zero(&mut self, from: usize, to: usize) {
+        self.data[HEADER_SIZE + from..HEADER_SIZE + to].fill(0);
+    }
+
+    fn edit_error(&self, what: String) -> crate::Error {
+        crate::Error::Invalid(format!(
+            "tree block {} (level {}, {} items): {what}",
+            self.header.bytenr,
+            self.level(),
+            self.nritems()
+        ))
+    }
+
+    /// Give a copy of the block a new identity: everything in `h` but the
+    /// item count and level, which stay the block's own. The checksum is
+    /// left zero until [`Node::sealed_bytes`].
+    pub fn set_header(&mut self, h: &Header) {
+        let d = &mut self.data;
+        d[..0x20].fill(0);
+        d[0x20..0x30].copy_from_slice(&h.fsid);
+        d[0x30..0x38].copy_from_slice(&h.bytenr.to_le_bytes());
+        d[0x38..0x40].copy_from_slice(&h.flags.to_le_bytes());
+        d[0x40..0x50].copy_from_slice(&h.chunk_tree_uuid);
+        d[0x50..0x58].copy_from_slice(&h.generation.to_le_bytes());
+        d[0x58..0x60].copy_from_slice(&h.owner.to_le_bytes());
+        self.header = Header {
+            csum: [0; 32],
+            nritems: self.header.nritems,
+            level: self.header.level,
+            ..h.clone()
+        };
+    }
+
+    /// Leaf: insert an item at `slot`, moving the items from `slot` on.
+    /// The caller keeps the keys in order.
+    pub fn leaf_insert(&mut self, slot: usize, key: &Key, item: &[u8]) -> Result<()> {
+        let n = self.nritems();
+        let len = item.len();
+        if !self.is_leaf() || slot > n || self.free_space() < ITEM_SIZE + len {
+            return Err(self.edit_error(format!("no room for a {len}-byte item at slot {slot}")));
+        }
+        let (low, end) = (self.data_low(), self.data_end(slot));
+        let h = HEADER_SIZE;
+        // The data of the items after the new one moves down to make room.
+        self.data.copy_within(h + low..h + end, h + low - len);
+        for i in slot..n {
+            let off = self.raw_item_range(i).0;
+            self.set_item_off(i, off - len);
+        }
+        self.data.copy_within(
+            h + slot * ITEM_SIZE..h + n * ITEM_SIZE,
+            h + (slot + 1) * ITEM_SIZE,
+        );
+        let o = h + slot * ITEM_SIZE;
+        self.data[o..o + KEY_SIZE].copy_from_slice(&key.to_bytes());
+        self.set_item_off(slot, end - len);
+        self.data[o + KEY_SIZE + 4..o + ITEM_SIZE].copy_from_slice(&(len as u32).to_le_bytes());
+        self.data[h + end - len..h + end].copy_from_slice(item);
+        self.set_nritems(n + 1);
+        Ok(())
+    }
+
+    /// Leaf: remove the item at `slot`.
+    pub fn leaf_remove(&mut self, slot: usize) -> Result<()> {
+        let n = self.nritems();
+        if !self.is_leaf() || slot >= n {
+            return Err(self.edit_error(format!("no item at slot {slot} to remove")));
+        }
+        let (off, len) = self.raw_item_range(slot);
+        let low = self.data_low();
+        let h = HEADER_SIZE;
+        self.data.copy_within(h + low..h + off, h + low + len);
+        for i in slot + 1..n {
+            let o = self.raw_item_range(i).0;
+            self.set_item_off(i, o + len);
+        }
+        self.data.copy_within(
+            h + (slot + 1) * ITEM_SIZE..h + n * ITEM_SIZE,
+            h + slot * ITEM_SIZE,
+        );
+        self.zero(low, low + len);
+        self.zero((n - 1) * ITEM_SIZE, n * ITEM_SIZE);
+        self.set_nritems(n - 1);
+        Ok(())
+    }
+
+    /// Leaf: replace the data of the item at `slot` (of any new size).
+    pub fn leaf_set_data(&mut self, slot: usize, item: &[u8]) -> Result<()> {
+        let n = self.nritems();
+        if !self.is_leaf() || slot >= n {
+            return Err(self.edit_error(format!("no item at slot {slot} to change")));
+        }
+        let (off, len) = self.raw_item_range(slot);
+        let new = item.len();
+        if new > len && self.free_space() < new - len {
+            return Err(self.edit_error(format!("no room to grow item {slot} to {new} bytes")));
+        }
+        let (low, end) = (self.data_low(), off + len);
+        let h = HEADER_SIZE;
+        // The data of the items after this one moves by the change in size.
+        let new_low = low + len - new;
+        self.data.copy_within(h + low..h + off, h + new_low);
+        for i in slot + 1..n {
+            let o = self.raw_item_range(i).0;
+            self.set_item_off(i, o + len - new);
+        }
+        self.set_item_off(slot, end - new);
+        let o = h + slot * ITEM_SIZE + KEY_SIZE + 4;
+        self.data[o..o + 4].copy_from_slice(&(new as u32).to_le_bytes());
+        self.data[h + end - new..h + end].copy_from_slice(item);
+        if new_low > low {
+            self.zero(low, new_low);
+        }
+        Ok(())
+    }
+
+    /// Internal node: replace the key pointer at `slot` with `ptrs` (none,
+    /// one or several). The caller keeps the keys in order.
+    pub fn replace_ptrs(&mut self, slot: usize, ptrs: &[KeyPtr]) -> Result<()> {
+        let n = self.nritems();
+        let new_n = n + ptrs.len();
+        if self.is_leaf() || slot >= n || (new_n - 1) * KEY_PTR_SIZE > self.data_area() {
+            return Err(self.edit_error(format!(
+                "cannot put {} pointers in place of slot {slot}",
+                ptrs.len()
+            )));
+        }
+        let new_n = new_n - 1;
+        let h = HEADER_SIZE;
+        self.data.copy_within(
+            h + (slot + 1) * KEY_PTR_SIZE..h + n * KEY_PTR_SIZE,
+            h + (slot + ptrs.len()) * KEY_PTR_SIZE,
+        );
+        for (i, p) in ptrs.iter().enumerate() {
+            let o = h + (slot + i) * KEY_PTR_SIZE;
+            self.data[o..o + KEY_SIZE].copy_from_slice(&p.key.to_bytes());
+            self.data[o + KEY_SIZE..o + KEY_SIZE + 8].copy_from_slice(&p.blockptr.to_le_bytes());
+            self.data[o + KEY_SIZE + 8..o + KEY_PTR_SIZE]
+                .copy_from_slice(&p.generation.to_le_bytes());
+        }
+        if new_n < n {
+            self.zero(new_n * KEY_PTR_SIZE, n * KEY_PTR_SIZE);
+        }
+        self.set_nritems(new_n);
+        Ok(())
     }
 }
 
@@ -450,5 +657,107 @@ mod tests {
         assert_eq!(back.body(), Body::Internal(ptrs));
         let big = Body::Leaf(vec![(Key::MIN, vec![0; 5000])]);
         assert!(Node::build(&header(0), &big, 4096).is_err());
+    }
+
+    /// Random in-place edits give exactly the block that building the same
+    /// items anew gives, and refuse what does not fit without changing anything.
+    #[test]
+    fn in_place_edits_match_a_fresh_build() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut rnd = move |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        let mut node = Node::build(&header(0), &Body::Leaf(Vec::new()), 4096).unwrap();
+        let mut model: Vec<(Key, Vec<u8>)> = Vec::new();
+        let (mut refused, mut done) = (0, 0);
+        for step in 0..20_000u64 {
+            let before = node.bytes().to_vec();
+            let data = vec![(step % 251) as u8; rnd(200) as usize];
+            let ok = match rnd(3) {
+                0 => {
+                    let key = Key::new(rnd(500), 1, 0);
+                    match model.binary_search_by(|(k, _)| k.cmp(&key)) {
+                        Ok(_) => continue,
+                        Err(pos) => {
+                            let ok = node.leaf_insert(pos, &key, &data).is_ok();
+                            if ok {
+                                model.insert(pos, (key, data));
+                            }
+                            ok
+                        }
+                    }
+                }
+                1 if !model.is_empty() => {
+                    let pos = rnd(model.len() as u64) as usize;
+                    node.leaf_remove(pos).unwrap();
+                    model.remove(pos);
+                    true
+                }
+                _ if !model.is_empty() => {
+                    let pos = rnd(model.len() as u64) as usize;
+                    let ok = node.leaf_set_data(pos, &data).is_ok();
+                    if ok {
+                        model[pos].1 = data;
+                    }
+                    ok
+                }
+                _ => continue,
+            };
+            if ok {
+                done += 1;
+            } else {
+                refused += 1;
+                assert_eq!(
+                    node.bytes(),
+                    &before[..],
+                    "a refused edit changed the block"
+                );
+            }
+            let body = Body::Leaf(model.clone());
+            assert_eq!(node.body(), body);
+            assert_eq!(node.used(), body.used());
+            let fresh = Node::build(&node.header, &body, 4096).unwrap();
+            assert_eq!(node.bytes(), fresh.bytes(), "step {step}");
+        }
+        assert!(
+            refused > 100 && done > 10_000,
+            "{refused} refused, {done} done"
+        );
+        // Internal nodes: replace one pointer by none, one or several.
+        let ptr = |i: u64| KeyPtr {
+            key: Key::new(i, 2, 0),
+            blockptr: i << 12,
+            generation: 7,
+        };
+        let mut ptrs: Vec<KeyPtr> = (0..10).map(|i| ptr(i * 1000)).collect();
+        let mut node = Node::build(&header(1), &Body::Internal(ptrs.clone()), 4096).unwrap();
+        for step in 0..2000u64 {
+            let slot = rnd(ptrs.len() as u64) as usize;
+            let lo = ptrs[slot].key.objectid;
+            let hi = ptrs.get(slot + 1).map_or(u64::MAX, |p| p.key.objectid);
+            let k = if ptrs.len() > 2 { rnd(4) } else { 1 + rnd(3) };
+            let new: Vec<KeyPtr> = (0..k)
+                .map(|i| ptr(lo + i * ((hi - lo) / 4).max(1)))
+                .filter(|p| p.key.objectid < hi)
+                .collect();
+            let before = node.bytes().to_vec();
+            if node.replace_ptrs(slot, &new).is_ok() {
+                ptrs.splice(slot..=slot, new);
+            } else {
+                assert_eq!(node.bytes(), &before[..]);
+            }
+            let fresh = Node::build(&node.header, &Body::Internal(ptrs.clone()), 4096).unwrap();
+            assert_eq!(node.bytes(), fresh.bytes(), "step {step}");
+        }
+        let mut h = header(1);
+        h.bytenr = 5 << 20;
+        h.generation = 99;
+        node.set_header(&h);
+        let fresh = Node::build(&h, &Body::Internal(ptrs.clone()), 4096).unwrap();
+        assert_eq!(node.bytes(), fresh.bytes());
+        assert_eq!(node.header.nritems as usize, ptrs.len());
     }
 }

@@ -117,6 +117,12 @@ impl Filesystem {
     /// Look `name` up in directory `dir`.
     pub fn lookup(&self, dir: InodeId, name: &[u8]) -> Result<DirEntry> {
         self.dir_check(dir)?;
+        self.find_name(dir, name)
+    }
+
+    /// [`Filesystem::lookup`] in a `dir` the caller knows is a directory.
+    pub(crate) fn find_name(&self, dir: InodeId, name: &[u8]) -> Result<DirEntry> {
+        super::namespace::check_name_len(name)?;
         let missing = || Error::NotFound(String::from_utf8_lossy(name).into_owned());
         if dir.ino == EMPTY_SUBVOL_DIR {
             return Err(missing());

@@ -60,8 +60,8 @@ impl Filesystem {
         }
         let max = self.symlink_max();
         if target.len() > max {
-            return Err(Error::Invalid(format!(
-                "symlink target of {} bytes is too long (name too long): at most {max} bytes fit in one inline extent with {}-byte nodes",
+            return Err(Error::NameTooLong(format!(
+                "symlink target of {} bytes is too long: at most {max} bytes fit in one inline extent with {}-byte nodes",
                 target.len(),
                 self.geometry().nodesize
             )));

@@ -8,6 +8,7 @@ mod inode;
 mod links;
 mod namespace;
 mod open;
+mod snapshot;
 mod subvol;
 mod xattr;
 

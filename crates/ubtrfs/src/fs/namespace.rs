@@ -33,9 +33,18 @@ pub(crate) fn check_name(name: &[u8]) -> Result<()> {
             String::from_utf8_lossy(name)
         )));
     }
-    if name.len() > 255 {
-        return Err(Error::Invalid(format!(
-            "name of {} bytes is longer than 255",
+    check_name_len(name)
+}
+
+/// Longest name a directory entry can hold.
+const NAME_MAX: usize = 255;
+
+/// `ENAMETOOLONG` for a name no directory entry can hold (checked on
+/// lookups too, as POSIX wants that error rather than `ENOENT`).
+pub(crate) fn check_name_len(name: &[u8]) -> Result<()> {
+    if name.len() > NAME_MAX {
+        return Err(Error::NameTooLong(format!(
+            "name of {} bytes is longer than {NAME_MAX}",
             name.len()
         )));
     }
@@ -100,7 +109,7 @@ impl Filesystem {
         Ok(n)
     }
 
-    fn next_index(&self, w: &mut Writer, dir: InodeId) -> Result<u64> {
+    pub(crate) fn next_index(&self, w: &mut Writer, dir: InodeId) -> Result<u64> {
         if let Some(n) = w.next_index.get_mut(&(dir.subvol, dir.ino)) {
             *n += 1;
             return Ok(*n - 1);
@@ -174,12 +183,13 @@ impl Filesystem {
         let one2 = one.clone();
         self.modify_tree(w, dir.subvol, |ed, root| {
             // Names with the same hash share one DIR_ITEM.
-            ed.edit(root, &hash_key, |items| {
-                match items.binary_search_by(|(k, _)| k.cmp(&hash_key)) {
-                    Ok(pos) => items[pos].1.extend_from_slice(&one2),
-                    Err(pos) => items.insert(pos, (hash_key, one2)),
+            ed.edit_leaf(root, &hash_key, |leaf| match leaf.search(&hash_key) {
+                Ok(pos) => {
+                    let mut all = leaf.data(pos).to_vec();
+                    all.extend_from_slice(&one2);
+                    leaf.set_data(pos, &all)
                 }
-                Ok(())
+                Err(pos) => leaf.insert(pos, hash_key, &one2),
             })?;
             ed.insert(root, Key::new(dir.ino, DIR_INDEX_KEY, index), one)
         })?;
@@ -198,12 +208,13 @@ impl Filesystem {
         };
         self.modify_tree(w, target.subvol, |ed, root| {
             // Names whose key is the same share one item.
-            ed.edit(root, &key, |items| {
-                match items.binary_search_by(|(k, _)| k.cmp(&key)) {
-                    Ok(pos) => items[pos].1.extend_from_slice(&rb),
-                    Err(pos) => items.insert(pos, (key, rb)),
+            ed.edit_leaf(root, &key, |leaf| match leaf.search(&key) {
+                Ok(pos) => {
+                    let mut all = leaf.data(pos).to_vec();
+                    all.extend_from_slice(&rb);
+                    leaf.set_data(pos, &all)
                 }
-                Ok(())
+                Err(pos) => leaf.insert(pos, key, &rb),
             })
         })?;
         self.change_inode(w, dir, |d| {
@@ -222,7 +233,8 @@ impl Filesystem {
         name: &[u8],
         now: Timespec,
     ) -> Result<InodeId> {
-        let entry = self.lookup(dir, name)?;
+        // Every caller has found the name, so `dir` is a directory.
+        let entry = self.find_name(dir, name)?;
         if entry.id.subvol != dir.subvol {
             return Err(Error::Unsupported("removing a subvolume link".into()));
         }
@@ -255,35 +267,35 @@ impl Filesystem {
         };
         let hash_key = Key::new(dir.ino, DIR_ITEM_KEY, name_hash(name));
         self.modify_tree(w, dir.subvol, |ed, root| {
-            ed.edit(root, &hash_key, |items| {
-                let pos = items
-                    .binary_search_by(|(k, _)| k.cmp(&hash_key))
+            ed.edit_leaf(root, &hash_key, |leaf| {
+                let pos = leaf
+                    .search(&hash_key)
                     .map_err(|_| Error::corrupt("directory item vanished"))?;
                 let mut rest = Vec::new();
-                for d in DirItem::parse_all(&items[pos].1)? {
+                for d in DirItem::parse_all(leaf.data(pos))? {
                     if d.name != name {
                         d.encode(&mut rest);
                     }
                 }
                 if rest.is_empty() {
-                    items.remove(pos);
+                    leaf.remove(pos)?;
+                    Ok(())
                 } else {
-                    items[pos].1 = rest;
+                    leaf.set_data(pos, &rest)
                 }
-                Ok(())
             })
         })?;
         let extended = key.item_type == INODE_EXTREF_KEY;
         self.modify_tree(w, dir.subvol, |ed, root| {
             ed.delete(root, Key::new(dir.ino, DIR_INDEX_KEY, r.index))?;
-            ed.edit(root, &key, |items| {
-                let pos = items
-                    .binary_search_by(|(k, _)| k.cmp(&key))
+            ed.edit_leaf(root, &key, |leaf| {
+                let pos = leaf
+                    .search(&key)
                     .map_err(|_| Error::corrupt("inode ref vanished"))?;
                 let all = if extended {
-                    InodeRef::parse_extrefs(&items[pos].1)?
+                    InodeRef::parse_extrefs(leaf.data(pos))?
                 } else {
-                    InodeRef::parse_refs(&items[pos].1, dir.ino)?
+                    InodeRef::parse_refs(leaf.data(pos), dir.ino)?
                 };
                 let mut rest = Vec::new();
                 let mut found = false;
@@ -297,11 +309,11 @@ impl Filesystem {
                     }
                 }
                 if rest.is_empty() {
-                    items.remove(pos);
+                    leaf.remove(pos)?;
+                    Ok(())
                 } else {
-                    items[pos].1 = rest;
+                    leaf.set_data(pos, &rest)
                 }
-                Ok(())
             })
         })?;
         // The directory's index counter keeps going (as the kernel's does):
@@ -334,7 +346,7 @@ impl Filesystem {
         let kind = FileKind::from_mode(new.mode)
             .ok_or_else(|| Error::Invalid(format!("mode {:#o}", new.mode)))?;
         let parent = self.writable_dir(dir)?;
-        if self.lookup(dir, name).is_ok() {
+        if self.find_name(dir, name).is_ok() {
             return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
         }
         let transid = w.blocks.transid;
@@ -392,12 +404,17 @@ impl Filesystem {
     pub fn unlink(&self, dir: InodeId, name: &[u8]) -> Result<()> {
         let mut w = self.writer_deleting()?;
         self.writable_dir(dir)?;
-        let entry = self.lookup(dir, name)?;
+        let entry = self.find_name(dir, name)?;
         if entry.kind == FileKind::Dir {
             return Err(Error::IsDir(String::from_utf8_lossy(name).into_owned()));
         }
         let now = Timespec::now();
         let target = self.remove_name(&mut w, dir, name, now)?;
+        if self.inode_item(target)?.nlink <= 1 && self.open_count(target) == 0 {
+            // The last name went and nobody has the inode open: it goes
+            // now, so its new link count need not be written first.
+            return self.delete_inode_now(&mut w, target);
+        }
         let item = self.change_inode(&mut w, target, |i| {
             i.nlink = i.nlink.saturating_sub(1);
             i.ctime = now;
@@ -412,7 +429,7 @@ impl Filesystem {
     pub fn rmdir(&self, dir: InodeId, name: &[u8]) -> Result<()> {
         let mut w = self.writer_deleting()?;
         self.writable_dir(dir)?;
-        let entry = self.lookup(dir, name)?;
+        let entry = self.find_name(dir, name)?;
         if entry.kind != FileKind::Dir {
             return Err(Error::NotDir(String::from_utf8_lossy(name).into_owned()));
         }
@@ -495,21 +512,34 @@ impl Filesystem {
     /// Delete every item of an inode that has no name left, dropping its
     /// references to data extents.
     fn delete_inode_now(&self, w: &mut Writer, id: InodeId) -> Result<()> {
-        let keys: Vec<(Key, Vec<u8>)> = self
+        let (lo, hi) = (Key::new(id.ino, 0, 0), Key::new(id.ino, u8::MAX, u64::MAX));
+        let extents: Vec<(u64, Vec<u8>)> = self
             .fs_tree(id.subvol)?
-            .range(Key::new(id.ino, 0, 0), Key::new(id.ino, u8::MAX, u64::MAX))?
-            .map(|it| it.map(|it| (it.key(), it.data().to_vec())))
+            .range(lo, hi)?
+            .filter(|it| {
+                it.as_ref()
+                    .map_or(true, |it| it.key().item_type == EXTENT_DATA_KEY)
+            })
+            .map(|it| it.map(|it| (it.key().offset, it.data().to_vec())))
             .collect::<Result<_>>()?;
-        for (key, data) in &keys {
-            if key.item_type == EXTENT_DATA_KEY {
-                self.drop_extent_ref(w, id, key.offset, data)?;
-            }
+        for (offset, data) in &extents {
+            self.drop_extent_ref(w, id, *offset, data)?;
         }
+        // The inode's items are adjacent: remove them a leaf at a time.
         self.modify_tree(w, id.subvol, |ed, root| {
-            for (key, _) in keys {
-                ed.delete(root, key)?;
+            loop {
+                let first = ed.reader().tree(*root).range(lo, hi)?.next().transpose()?;
+                let Some(first) = first.map(|it| it.key()) else {
+                    return Ok(());
+                };
+                ed.edit_leaf(root, &first, |leaf| {
+                    let at = leaf.search(&first).unwrap_or_else(|p| p);
+                    while at < leaf.len() && leaf.key(at) <= hi {
+                        leaf.remove(at)?;
+                    }
+                    Ok(())
+                })?;
             }
-            Ok(())
         })?;
         w.next_index.remove(&(id.subvol, id.ino));
         self.delalloc().discard(id);

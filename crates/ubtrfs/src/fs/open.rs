@@ -65,8 +65,19 @@ impl Filesystem {
         Self::from_device_set(DeviceSet::open(devices)?)
     }
 
-    /// Open a filesystem from an already assembled device set.
+    /// Open a filesystem from an already assembled device set. A log the
+    /// kernel left (changes fsync'd after its last commit) is replayed in
+    /// memory, as the kernel's mount would replay it; the devices are not
+    /// written.
     pub fn from_device_set(set: DeviceSet) -> Result<Self> {
+        if set.superblock.log_root != 0 {
+            return crate::tree_log::open_replayed_in_memory(set);
+        }
+        Self::open_unreplayed(set)
+    }
+
+    /// Open the filesystem as it is on disk, ignoring any log tree.
+    pub(crate) fn open_unreplayed(set: DeviceSet) -> Result<Self> {
         let sb = set.superblock.clone();
         let mut warnings = set.warnings.clone();
         let unknown = sb.incompat_flags & !INCOMPAT_SUPPORTED;
@@ -128,11 +139,6 @@ impl Filesystem {
             },
         );
         roots.insert(CHUNK_TREE_OBJECTID, chunk_root);
-        if sb.log_root != 0 {
-            warnings.push(
-                "the filesystem has a log tree that is not replayed yet: data fsync'd after the last commit is not visible".into(),
-            );
-        }
         let mut fs = Filesystem {
             geo,
             trees,
@@ -160,7 +166,7 @@ impl Filesystem {
     }
 
     /// Problems met while opening that did not stop it (bad superblock
-    /// copies, missing mirrored devices, an unreplayed log).
+    /// copies, missing mirrored devices), and notes on a log replay.
     pub fn warnings(&self) -> Vec<String> {
         self.warnings.clone()
     }

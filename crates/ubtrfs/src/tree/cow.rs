@@ -12,13 +12,158 @@ use super::{RootPtr, TreeReader};
 use crate::format::Key;
 use crate::format::consts::{HEADER_FLAG_WRITTEN, MIXED_BACKREF_REV};
 use crate::format::node::{
-    Body, Expect, HEADER_SIZE, Header, ITEM_SIZE, KEY_PTR_SIZE, KeyPtr, Node,
+    Body, Expect, HEADER_SIZE, Header, ITEM_SIZE, KEY_PTR_SIZE, KeyPtr, MAX_LEVEL, Node,
 };
 use crate::{Error, Result};
 use std::sync::Arc;
 
-/// Leaf items as the edit closure sees them, in key order.
+/// Leaf items as the edit closure of [`TreeEditor::edit`] sees them, in key order.
 pub type Items = Vec<(Key, Vec<u8>)>;
+
+/// The leaf an edit changes, as the closure of [`TreeEditor::edit_leaf`]
+/// sees it.
+///
+/// Changes go into a copy of the block, shifting item data and headers in
+/// place, while they fit; a change that does not fit turns the leaf into a
+/// list of items, which is split into blocks when the edit is done. An
+/// edit that changes nothing writes nothing; one whose closure fails
+/// leaves the tree as it was.
+pub struct Leaf {
+    /// The block; `None` once the leaf is decoded into `items`.
+    block: Option<Arc<Node>>,
+    items: Items,
+    max_item: usize,
+    changed: bool,
+}
+
+impl Leaf {
+    fn new(node: Arc<Node>, max_item: usize) -> Self {
+        Leaf {
+            block: Some(node),
+            items: Vec::new(),
+            max_item,
+            changed: false,
+        }
+    }
+
+    /// Number of items.
+    pub fn len(&self) -> usize {
+        match &self.block {
+            Some(b) => b.nritems(),
+            None => self.items.len(),
+        }
+    }
+
+    /// Whether the leaf holds no items.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Key of item `i` (below [`Leaf::len`]).
+    pub fn key(&self, i: usize) -> Key {
+        match &self.block {
+            Some(b) => b.key(i),
+            None => self.items[i].0,
+        }
+    }
+
+    /// Data of item `i` (below [`Leaf::len`]).
+    pub fn data(&self, i: usize) -> &[u8] {
+        match &self.block {
+            Some(b) => b.item(i).data,
+            None => &self.items[i].1,
+        }
+    }
+
+    /// `Ok(slot)` of the item with `key`, or `Err(slot)` where it would go.
+    pub fn search(&self, key: &Key) -> std::result::Result<usize, usize> {
+        let (mut lo, mut hi) = (0, self.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            match self.key(mid).cmp(key) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Equal => return Ok(mid),
+                std::cmp::Ordering::Greater => hi = mid,
+            }
+        }
+        Err(lo)
+    }
+
+    fn check_size(&self, key: &Key, len: usize) -> Result<()> {
+        if len > self.max_item {
+            return Err(Error::Invalid(format!(
+                "item {key} of {len} bytes is larger than a leaf holds"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Insert an item at `pos`, which must keep the keys in order.
+    pub fn insert(&mut self, pos: usize, key: Key, data: &[u8]) -> Result<()> {
+        let n = self.len();
+        let before = pos.checked_sub(1).map(|p| self.key(p));
+        if pos > n || before.is_some_and(|k| k >= key) || (pos < n && self.key(pos) <= key) {
+            return Err(Error::Invalid(format!(
+                "inserting {key} at slot {pos} would put keys out of order"
+            )));
+        }
+        self.check_size(&key, data.len())?;
+        self.changed = true;
+        if let Some(b) = &mut self.block
+            && b.free_space() >= ITEM_SIZE + data.len()
+        {
+            return Arc::make_mut(b).leaf_insert(pos, &key, data);
+        }
+        self.items().insert(pos, (key, data.to_vec()));
+        Ok(())
+    }
+
+    /// Remove the item at `pos`; returns its data.
+    pub fn remove(&mut self, pos: usize) -> Result<Vec<u8>> {
+        if pos >= self.len() {
+            return Err(Error::Invalid(format!("no item at slot {pos} to remove")));
+        }
+        self.changed = true;
+        match &mut self.block {
+            Some(b) => {
+                let data = b.item(pos).data.to_vec();
+                Arc::make_mut(b).leaf_remove(pos)?;
+                Ok(data)
+            }
+            None => Ok(self.items.remove(pos).1),
+        }
+    }
+
+    /// Replace the data of the item at `pos`.
+    pub fn set_data(&mut self, pos: usize, data: &[u8]) -> Result<()> {
+        if pos >= self.len() {
+            return Err(Error::Invalid(format!("no item at slot {pos} to change")));
+        }
+        if self.data(pos) == data {
+            return Ok(());
+        }
+        self.check_size(&self.key(pos), data.len())?;
+        self.changed = true;
+        if let Some(b) = &mut self.block
+            && b.free_space() + b.item(pos).data.len() >= data.len()
+        {
+            return Arc::make_mut(b).leaf_set_data(pos, data);
+        }
+        self.items()[pos].1 = data.to_vec();
+        Ok(())
+    }
+
+    /// All items, decoded, to change at will (counts as a change).
+    pub fn items(&mut self) -> &mut Items {
+        if let Some(b) = self.block.take()
+            && let Body::Leaf(items) = b.body()
+        {
+            self.items = items;
+        }
+        self.changed = true;
+        &mut self.items
+    }
+}
 
 /// What a tree edit needs from the transaction: fresh blocks and the
 /// bookkeeping of references to them.
@@ -27,20 +172,38 @@ pub trait BlockSource {
     fn transid(&self) -> u64;
     /// A new tree block for tree `owner` at `level`; its reference is recorded.
     fn alloc_tree_block(&mut self, owner: u64, level: u8) -> Result<u64>;
-    /// Tree `owner` drops its reference to the block (of `generation`).
-    fn free_tree_block(
+    /// How tree `owner` must copy `node`, a block the running transaction
+    /// did not write: whether it is shared with other trees (counting one
+    /// more reference if its parent on the path is shared and not yet
+    /// copied) and how it references its children.
+    fn plan_cow(
         &mut self,
-        bytenr: u64,
-        owner: u64,
-        level: u8,
-        generation: u64,
-    ) -> Result<()>;
-    /// Whether a block the transaction did not write may be copied by tree
-    /// `owner` (a block shared with a snapshot needs reference updates the
-    /// caller may not support).
-    fn check_cow(&self, _owner: u64, _header: &Header) -> Result<()> {
+        _reader: &TreeReader,
+        _owner: u64,
+        _node: &Node,
+        _parent_shared: bool,
+    ) -> Result<CowPlan> {
+        Ok(CowPlan::default())
+    }
+    /// Tree `owner` stops using `node` (copied or dropped), settling the
+    /// references of the block and of its children as `plan` says.
+    /// Returns true if the block is gone at once (this transaction had
+    /// allocated it and nothing else references it).
+    fn free_tree_block(&mut self, owner: u64, node: &Node, plan: CowPlan) -> Result<bool>;
+    /// `node`'s children gain references from tree `owner`: its root block
+    /// is a copy of `node` (a snapshot).
+    fn share_root(&mut self, _owner: u64, _node: &Node) -> Result<()> {
         Ok(())
     }
+}
+
+/// How a block that a tree copies (or drops) is shared.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CowPlan {
+    /// Other trees (or other parents) still reference the block.
+    pub shared: bool,
+    /// The block references its children by address (FULL_BACKREF).
+    pub full_backref: bool,
 }
 
 /// Edits one tree through a [`TreeReader`], taking blocks from a [`BlockSource`].
@@ -49,6 +212,8 @@ pub struct TreeEditor<'a> {
     blocks: &'a mut dyn BlockSource,
     owner: u64,
     chunk_tree_uuid: [u8; 16],
+    /// The edit's path by level: each block's address and copy plan.
+    path: [(u64, CowPlan); MAX_LEVEL as usize + 2],
 }
 
 /// Blocks smaller than this fraction of the node's capacity try to merge.
@@ -67,6 +232,7 @@ impl<'a> TreeEditor<'a> {
             blocks,
             owner,
             chunk_tree_uuid,
+            path: Default::default(),
         }
     }
 
@@ -84,16 +250,34 @@ impl<'a> TreeEditor<'a> {
         self.capacity() - ITEM_SIZE
     }
 
-    /// Change the leaf holding `key`'s position with `f`, then fix the
-    /// tree's shape. `root` is updated to the new root block.
+    /// Change the leaf holding `key`'s position with `f`, given its items
+    /// decoded, then fix the tree's shape. `root` is updated to the new
+    /// root block. [`TreeEditor::edit_leaf`] is the cheaper way.
     pub fn edit<R>(
         &mut self,
         root: &mut RootPtr,
         key: &Key,
         f: impl FnOnce(&mut Items) -> Result<R>,
     ) -> Result<R> {
+        self.edit_leaf(root, key, |leaf| f(leaf.items()))
+    }
+
+    /// Change the leaf holding `key`'s position with `f`, then fix the
+    /// tree's shape. `root` is updated to the new root block.
+    pub fn edit_leaf<R>(
+        &mut self,
+        root: &mut RootPtr,
+        key: &Key,
+        f: impl FnOnce(&mut Leaf) -> Result<R>,
+    ) -> Result<R> {
         let node = self.read(root.bytenr, Some(root.level), root.generation, None)?;
-        let (mut ptrs, r) = self.edit_node(node, key, f, true)?;
+        // A root block is never shared: snapshots copy it.
+        self.path = Default::default();
+        self.set_plan(&node, CowPlan::default());
+        let (ptrs, r) = self.edit_node(node, key, f, true)?;
+        let Some(mut ptrs) = ptrs else {
+            return Ok(r);
+        };
         // Grow: several blocks at the top become children of a new root.
         let mut level = root.level;
         while ptrs.len() > 1 {
@@ -119,7 +303,18 @@ impl<'a> TreeEditor<'a> {
             if node.nritems() != 1 {
                 break;
             }
-            let child = node.key_ptr(0);
+            let mut child = node.key_ptr(0);
+            let block = self.read_ptr(&child, new_root.level - 1)?;
+            if !self.reusable(&block) {
+                // The new root must be this tree's own block: copy it
+                // (its parent, the old root, is never shared).
+                let plan = self.plan(&block, false)?;
+                self.set_plan(&block, plan);
+                child = self
+                    .write_blocks(Some(&block), block.level(), block.body())?
+                    .pop()
+                    .ok_or_else(|| Error::corrupt("copy of a block gave no block"))?;
+            }
             self.free(&node)?;
             new_root = RootPtr {
                 bytenr: child.blockptr,
@@ -147,28 +342,36 @@ impl<'a> TreeEditor<'a> {
     }
 
     fn child(&self, node: &Node, slot: usize) -> Result<Arc<Node>> {
-        let p = node.key_ptr(slot);
-        self.read(
-            p.blockptr,
-            Some(node.level() - 1),
-            Some(p.generation),
-            Some(p.key),
-        )
+        self.read_ptr(&node.key_ptr(slot), node.level() - 1)
     }
 
-    /// Edit below `node`; returns the pointers that replace it in its parent.
+    fn read_ptr(&self, p: &KeyPtr, level: u8) -> Result<Arc<Node>> {
+        self.read(p.blockptr, Some(level), Some(p.generation), Some(p.key))
+    }
+
+    /// Edit below `node`; returns the pointers that replace it in its
+    /// parent, or `None` if nothing changed.
     fn edit_node<R>(
         &mut self,
         node: Arc<Node>,
         key: &Key,
-        f: impl FnOnce(&mut Items) -> Result<R>,
+        f: impl FnOnce(&mut Leaf) -> Result<R>,
         is_root: bool,
-    ) -> Result<(Vec<KeyPtr>, R)> {
+    ) -> Result<(Option<Vec<KeyPtr>>, R)> {
         if node.is_leaf() {
-            let Body::Leaf(mut items) = node.body() else {
-                return Err(Error::corrupt("leaf without items"));
-            };
-            let r = f(&mut items)?;
+            let mut leaf = Leaf::new(node.clone(), self.max_item_size());
+            let r = f(&mut leaf)?;
+            if !leaf.changed {
+                return Ok((None, r));
+            }
+            if let Some(block) = leaf.block {
+                if block.nritems() == 0 && !is_root {
+                    self.free(&node)?;
+                    return Ok((Some(Vec::new()), r));
+                }
+                return Ok((Some(vec![self.place(&node, block)?]), r));
+            }
+            let items = leaf.items;
             for w in items.windows(2) {
                 if w[0].0 >= w[1].0 {
                     return Err(Error::Invalid(format!(
@@ -185,58 +388,124 @@ impl<'a> TreeEditor<'a> {
             }
             if items.is_empty() && !is_root {
                 self.free(&node)?;
-                return Ok((Vec::new(), r));
+                return Ok((Some(Vec::new()), r));
             }
-            return Ok((self.write_blocks(Some(&node), 0, Body::Leaf(items))?, r));
+            return Ok((
+                Some(self.write_blocks(Some(&node), 0, Body::Leaf(items))?),
+                r,
+            ));
+        }
+        let slot = node.slot_le(key).unwrap_or(0);
+        let child = self.child(&node, slot)?;
+        // Decided top-down: a child's sharing depends on its parent's.
+        let plan = self.plan(&child, self.plan_of_level(node.level()).shared)?;
+        self.set_plan(&child, plan);
+        let (repl, r) = self.edit_node(child, key, f, false)?;
+        let Some(repl) = repl else {
+            return Ok((None, r));
+        };
+        let single = repl.len() == 1;
+        let merge = single && self.merge_partner(&node, slot, &repl[0])?.is_some();
+        if !merge {
+            // The common cases change this block in place: a child copied,
+            // split or removed, its first key changed, or nothing at all.
+            if single && repl[0] == node.key_ptr(slot) {
+                return Ok((None, r));
+            }
+            let n = node.nritems() - 1 + repl.len();
+            if n > 0 && n * KEY_PTR_SIZE <= self.capacity() {
+                let mut new = node.clone();
+                Arc::make_mut(&mut new).replace_ptrs(slot, &repl)?;
+                return Ok((Some(vec![self.place(&node, new)?]), r));
+            }
         }
         let Body::Internal(mut ptrs) = node.body() else {
             return Err(Error::corrupt("node without pointers"));
         };
-        let slot = node.slot_le(key).unwrap_or(0);
-        let child = self.child(&node, slot)?;
-        let (repl, r) = self.edit_node(child, key, f, false)?;
-        let single = repl.len() == 1;
         ptrs.splice(slot..=slot, repl);
         if single {
             self.maybe_merge(&mut ptrs, slot, node.level() - 1)?;
         }
         if ptrs.is_empty() && !is_root {
             self.free(&node)?;
-            return Ok((Vec::new(), r));
+            return Ok((Some(Vec::new()), r));
         }
         if ptrs.is_empty() {
             // The whole tree emptied: the root becomes an empty leaf.
             self.free(&node)?;
-            return Ok((self.write_blocks(None, 0, Body::Leaf(Vec::new()))?, r));
+            return Ok((Some(self.write_blocks(None, 0, Body::Leaf(Vec::new()))?), r));
         }
         Ok((
-            self.write_blocks(Some(&node), node.level(), Body::Internal(ptrs))?,
+            Some(self.write_blocks(Some(&node), node.level(), Body::Internal(ptrs))?),
             r,
         ))
+    }
+
+    /// Put `new`, an edited copy of `old`, in the tree: at `old`'s address
+    /// if the running transaction wrote `old`, else at a new one.
+    fn place(&mut self, old: &Node, mut new: Arc<Node>) -> Result<KeyPtr> {
+        let reuse = self.reusable(old);
+        let bytenr = self.address(Some(old), old.level(), reuse)?;
+        if !reuse {
+            let header = self.header(bytenr, old.level());
+            Arc::make_mut(&mut new).set_header(&header);
+        }
+        let key = if new.nritems() > 0 {
+            new.key(0)
+        } else {
+            Key::default()
+        };
+        self.reader.put_dirty(new);
+        Ok(KeyPtr {
+            key,
+            blockptr: bytenr,
+            generation: self.blocks.transid(),
+        })
+    }
+
+    /// With which neighbour (the left one of the pair, by slot) the child
+    /// `mid` that replaced slot `slot` of `parent` would merge, if it is
+    /// small enough to try.
+    fn merge_partner(&self, parent: &Node, slot: usize, mid: &KeyPtr) -> Result<Option<usize>> {
+        let cap = self.capacity();
+        let level = parent.level() - 1;
+        let child = self.read_ptr(mid, level)?;
+        if child.used() * 4 > cap * MERGE_BELOW_QUARTERS {
+            return Ok(None);
+        }
+        let n = parent.nritems();
+        for other in [slot.wrapping_sub(1), slot + 1] {
+            if other >= n {
+                continue;
+            }
+            let sibling = self.read_ptr(&parent.key_ptr(other), level)?;
+            if child.used() + sibling.used() <= cap * 3 / 4 {
+                return Ok(Some(other.min(slot)));
+            }
+        }
+        Ok(None)
     }
 
     /// If the child at `slot` is small, merge it with a neighbour when both fit in one block.
     fn maybe_merge(&mut self, ptrs: &mut Vec<KeyPtr>, slot: usize, level: u8) -> Result<()> {
         let cap = self.capacity();
-        let read_ptr = |me: &Self, p: &KeyPtr| {
-            me.read(p.blockptr, Some(level), Some(p.generation), Some(p.key))
-        };
-        let node = read_ptr(self, &ptrs[slot])?;
-        let used = node.body().used();
-        if used * 4 > cap * MERGE_BELOW_QUARTERS {
+        let node = self.read_ptr(&ptrs[slot], level)?;
+        if node.used() * 4 > cap * MERGE_BELOW_QUARTERS {
             return Ok(());
         }
         for (left, right) in [(slot.wrapping_sub(1), slot), (slot, slot + 1)] {
             if left >= ptrs.len() || right >= ptrs.len() {
                 continue;
             }
-            let (l, r) = (read_ptr(self, &ptrs[left])?, read_ptr(self, &ptrs[right])?);
-            let (lb, rb) = (l.body(), r.body());
+            let (l, r) = (
+                self.read_ptr(&ptrs[left], level)?,
+                self.read_ptr(&ptrs[right], level)?,
+            );
             // Leave room so the merged block does not split on the next insert.
-            if lb.used() + rb.used() > cap * 3 / 4 {
+            if l.used() + r.used() > cap * 3 / 4 {
                 continue;
             }
-            let merged = match (lb, rb) {
+            let merged = match (l.body(), r.body()) {
                 (Body::Leaf(mut a), Body::Leaf(b)) => {
                     a.extend(b);
                     Body::Leaf(a)
@@ -255,12 +524,80 @@ impl<'a> TreeEditor<'a> {
         Ok(())
     }
 
-    /// Drop a block from the tree.
+    /// Drop a block from the tree (it is copied, or no longer needed).
     fn free(&mut self, node: &Node) -> Result<()> {
-        let h = &node.header;
-        self.reader.drop_dirty(h.bytenr);
+        let plan = self.plan_of(node)?;
+        if self.blocks.free_tree_block(self.owner, node, plan)? {
+            self.reader.drop_dirty(node.header.bytenr);
+        }
+        Ok(())
+    }
+
+    /// How `node` is copied, asking the block source unless this
+    /// transaction wrote it (then it is this tree's alone).
+    fn plan(&mut self, node: &Node, parent_shared: bool) -> Result<CowPlan> {
+        if self.reusable(node) {
+            return Ok(CowPlan::default());
+        }
         self.blocks
-            .free_tree_block(h.bytenr, self.owner, h.level, h.generation)
+            .plan_cow(self.reader, self.owner, node, parent_shared)
+    }
+
+    fn set_plan(&mut self, node: &Node, plan: CowPlan) {
+        self.path[node.level() as usize] = (node.header.bytenr, plan);
+    }
+
+    fn plan_of_level(&self, level: u8) -> CowPlan {
+        self.path
+            .get(level as usize)
+            .map_or(CowPlan::default(), |p| p.1)
+    }
+
+    /// The plan of a block on the edit's path, or of a sibling of one
+    /// (whose parent is the path's block one level up).
+    fn plan_of(&mut self, node: &Node) -> Result<CowPlan> {
+        let level = node.level();
+        let (bytenr, plan) = self.path[level as usize];
+        if bytenr == node.header.bytenr {
+            return Ok(plan);
+        }
+        self.plan(node, self.plan_of_level(level + 1).shared)
+    }
+
+    /// Whether the running transaction wrote `old`, so an edit may rewrite
+    /// it at its own address.
+    fn reusable(&self, old: &Node) -> bool {
+        old.header.generation == self.blocks.transid() && self.reader.is_dirty(old.header.bytenr)
+    }
+
+    /// The address of a block that replaces `old` (the first block of an
+    /// edit) or is new: `old`'s own if `reuse`, else a fresh one, `old`
+    /// being copied and so dropped from the tree.
+    fn address(&mut self, old: Option<&Node>, level: u8, reuse: bool) -> Result<u64> {
+        match old {
+            Some(o) if reuse => Ok(o.header.bytenr),
+            _ => {
+                if let Some(o) = old {
+                    self.free(o)?;
+                }
+                self.blocks.alloc_tree_block(self.owner, level)
+            }
+        }
+    }
+
+    /// The header of a block this transaction writes at `bytenr`.
+    fn header(&self, bytenr: u64, level: u8) -> Header {
+        Header {
+            csum: [0; 32],
+            fsid: self.reader.fsid(),
+            bytenr,
+            flags: HEADER_FLAG_WRITTEN | (MIXED_BACKREF_REV << 56),
+            chunk_tree_uuid: self.chunk_tree_uuid,
+            generation: self.blocks.transid(),
+            owner: self.owner,
+            nritems: 0,
+            level,
+        }
     }
 
     /// Write `body` as one or more blocks at `level`, the first one in place
@@ -270,35 +607,10 @@ impl<'a> TreeEditor<'a> {
         let mut out = Vec::with_capacity(pieces.len());
         let transid = self.blocks.transid();
         for (i, piece) in pieces.into_iter().enumerate() {
-            let reuse = match (i, old) {
-                (0, Some(o))
-                    if o.header.generation == transid && self.reader.is_dirty(o.header.bytenr) =>
-                {
-                    Some(o.header.bytenr)
-                }
-                _ => None,
-            };
-            let bytenr = match reuse {
-                Some(b) => b,
-                None => {
-                    if let (0, Some(o)) = (i, old) {
-                        self.blocks.check_cow(self.owner, &o.header)?;
-                        self.free(o)?;
-                    }
-                    self.blocks.alloc_tree_block(self.owner, level)?
-                }
-            };
-            let header = Header {
-                csum: [0; 32],
-                fsid: self.reader.fsid(),
-                bytenr,
-                flags: HEADER_FLAG_WRITTEN | (MIXED_BACKREF_REV << 56),
-                chunk_tree_uuid: self.chunk_tree_uuid,
-                generation: transid,
-                owner: self.owner,
-                nritems: 0,
-                level,
-            };
+            let first = if i == 0 { old } else { None };
+            let reuse = first.is_some_and(|o| self.reusable(o));
+            let bytenr = self.address(first, level, reuse)?;
+            let header = self.header(bytenr, level);
             let key = piece.first_key().unwrap_or_default();
             let node = Node::build(&header, &piece, self.reader.nodesize())?;
             self.reader.put_dirty(Arc::new(node));
@@ -345,50 +657,94 @@ impl<'a> TreeEditor<'a> {
 
     /// Insert a new item; fails if the key exists.
     pub fn insert(&mut self, root: &mut RootPtr, key: Key, data: Vec<u8>) -> Result<()> {
-        self.edit(root, &key, |items| {
-            match items.binary_search_by(|(k, _)| k.cmp(&key)) {
-                Ok(_) => Err(Error::Invalid(format!("item {key} already exists"))),
-                Err(pos) => {
-                    items.insert(pos, (key, data));
-                    Ok(())
-                }
-            }
+        self.edit_leaf(root, &key, |leaf| match leaf.search(&key) {
+            Ok(_) => Err(Error::Invalid(format!("item {key} already exists"))),
+            Err(pos) => leaf.insert(pos, key, &data),
         })
     }
 
     /// Insert or overwrite an item.
     pub fn put(&mut self, root: &mut RootPtr, key: Key, data: Vec<u8>) -> Result<()> {
-        self.edit(root, &key, |items| {
-            match items.binary_search_by(|(k, _)| k.cmp(&key)) {
-                Ok(pos) => items[pos].1 = data,
-                Err(pos) => items.insert(pos, (key, data)),
-            }
-            Ok(())
+        self.edit_leaf(root, &key, |leaf| match leaf.search(&key) {
+            Ok(pos) => leaf.set_data(pos, &data),
+            Err(pos) => leaf.insert(pos, key, &data),
         })
     }
 
     /// Delete an item; returns its data, or `None` if it did not exist.
     pub fn delete(&mut self, root: &mut RootPtr, key: Key) -> Result<Option<Vec<u8>>> {
-        self.edit(root, &key, |items| {
-            Ok(match items.binary_search_by(|(k, _)| k.cmp(&key)) {
-                Ok(pos) => Some(items.remove(pos).1),
-                Err(_) => None,
-            })
+        self.edit_leaf(root, &key, |leaf| match leaf.search(&key) {
+            Ok(pos) => leaf.remove(pos).map(Some),
+            Err(_) => Ok(None),
         })
     }
 
-    /// Change an existing item's data in place with `f`; `None` if absent.
+    /// A new tree of this editor's owner holding `items` in one leaf.
+    pub fn new_tree(&mut self, items: Items) -> Result<RootPtr> {
+        let mut ptrs = self.write_blocks(None, 0, Body::Leaf(items))?;
+        match (ptrs.pop(), ptrs.is_empty()) {
+            (Some(p), true) => Ok(RootPtr {
+                bytenr: p.blockptr,
+                level: 0,
+                generation: Some(p.generation),
+            }),
+            _ => Err(Error::Invalid(
+                "the items of a new tree do not fit in one leaf".into(),
+            )),
+        }
+    }
+
+    /// Copy the root block of another tree, `src`, as the root of this
+    /// editor's tree: a snapshot. The blocks below are shared, each gaining
+    /// a reference from this tree.
+    pub fn copy_root(&mut self, src: RootPtr) -> Result<RootPtr> {
+        let node = self.read(src.bytenr, Some(src.level), src.generation, None)?;
+        let level = node.level();
+        let bytenr = self.blocks.alloc_tree_block(self.owner, level)?;
+        self.blocks.share_root(self.owner, &node)?;
+        let mut copy = node.clone();
+        Arc::make_mut(&mut copy).set_header(&self.header(bytenr, level));
+        self.reader.put_dirty(copy);
+        Ok(RootPtr {
+            bytenr,
+            level,
+            generation: Some(self.blocks.transid()),
+        })
+    }
+
+    /// Make the root block this transaction's own (copy it if the
+    /// transaction did not write it), changing nothing else.
+    pub fn cow_root(&mut self, root: &mut RootPtr) -> Result<()> {
+        let node = self.read(root.bytenr, Some(root.level), root.generation, None)?;
+        if self.reusable(&node) {
+            return Ok(());
+        }
+        self.path = Default::default();
+        self.set_plan(&node, CowPlan::default());
+        let p = self.place(&node, node.clone())?;
+        *root = RootPtr {
+            bytenr: p.blockptr,
+            level: root.level,
+            generation: Some(p.generation),
+        };
+        Ok(())
+    }
+
+    /// Change an existing item's data with `f`; `None` if absent.
     pub fn update<R>(
         &mut self,
         root: &mut RootPtr,
         key: Key,
         f: impl FnOnce(&mut Vec<u8>) -> Result<R>,
     ) -> Result<Option<R>> {
-        self.edit(root, &key, |items| {
-            match items.binary_search_by(|(k, _)| k.cmp(&key)) {
-                Ok(pos) => f(&mut items[pos].1).map(Some),
-                Err(_) => Ok(None),
+        self.edit_leaf(root, &key, |leaf| match leaf.search(&key) {
+            Ok(pos) => {
+                let mut data = leaf.data(pos).to_vec();
+                let r = f(&mut data)?;
+                leaf.set_data(pos, &data)?;
+                Ok(Some(r))
             }
+            Err(_) => Ok(None),
         })
     }
 }
@@ -447,15 +803,10 @@ mod tests {
             self.live.insert(b);
             Ok(b)
         }
-        fn free_tree_block(
-            &mut self,
-            bytenr: u64,
-            _owner: u64,
-            _level: u8,
-            _generation: u64,
-        ) -> Result<()> {
+        fn free_tree_block(&mut self, _owner: u64, node: &Node, _plan: CowPlan) -> Result<bool> {
+            let bytenr = node.header.bytenr;
             assert!(self.live.remove(&bytenr), "double free of {bytenr}");
-            Ok(())
+            Ok(true)
         }
     }
 
@@ -533,6 +884,13 @@ mod tests {
             if root.bytenr != n.header.bytenr {
                 assert!(n.nritems() > 0, "empty non-root block");
             }
+            // Blocks edited in place are laid out as a fresh build would be.
+            let fresh = Node::build(&n.header, &n.body(), r.nodesize()).unwrap();
+            assert!(
+                n.bytes() == fresh.bytes(),
+                "block {} differs from a fresh build",
+                n.header.bytenr
+            );
             Ok(())
         })
         .unwrap();

@@ -3,7 +3,8 @@
 pub mod cow;
 mod node_cache;
 
-pub use cow::{BlockSource, TreeEditor};
+pub use cow::{BlockSource, Leaf, TreeEditor};
+use node_cache::AddrMap;
 pub use node_cache::NodeCache;
 
 use crate::format::node::{Expect, Node};
@@ -11,7 +12,6 @@ use crate::format::superblock::Superblock;
 use crate::format::{CsumType, Key};
 use crate::volume::Volume;
 use crate::{Error, Result};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -36,7 +36,7 @@ pub struct TreeReader {
     super_generation: AtomicU64,
     /// Blocks written by the running transaction, not yet on disk. Reads
     /// see them first.
-    dirty: RwLock<HashMap<u64, Arc<Node>>>,
+    dirty: RwLock<AddrMap<Arc<Node>>>,
 }
 
 impl TreeReader {
@@ -50,7 +50,7 @@ impl TreeReader {
             fsid: sb.tree_fsid(),
             nodesize,
             super_generation: AtomicU64::new(sb.generation),
-            dirty: RwLock::new(HashMap::new()),
+            dirty: RwLock::new(AddrMap::default()),
         }
     }
 
@@ -72,12 +72,17 @@ impl TreeReader {
     /// Record a block written by the running transaction.
     pub fn put_dirty(&self, node: Arc<Node>) {
         let bytenr = node.header.bytenr;
-        // The address may have held another block before it was freed.
-        self.cache.remove(bytenr);
-        self.dirty
+        let was_dirty = self
+            .dirty
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(bytenr, node);
+            .insert(bytenr, node)
+            .is_some();
+        // The address may have held another block before it was freed (a
+        // block rewritten in place was dropped from the cache already).
+        if !was_dirty {
+            self.cache.remove(bytenr);
+        }
     }
 
     /// Forget a dirty block that was freed in the same transaction.

@@ -2,7 +2,36 @@
 
 use crate::format::node::Node;
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex};
+
+/// Hashes block addresses for the block maps: much cheaper than the
+/// default SipHash on the hot read path. A crafted image could only make
+/// lookups slower, never wrong.
+#[derive(Clone, Copy, Default)]
+pub struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u64(&mut self, x: u64) {
+        // Addresses are multiples of the node size: fold the high bits of
+        // the product into the low ones the table indexes by.
+        let h = (self.0 ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.0 = h ^ (h >> 29);
+    }
+}
+
+/// A map keyed by block address.
+pub type AddrMap<V> = HashMap<u64, V, BuildHasherDefault<AddrHasher>>;
 
 /// Holds up to a fixed number of blocks; the oldest insert is evicted first.
 pub struct NodeCache {
@@ -11,7 +40,7 @@ pub struct NodeCache {
 }
 
 struct Inner {
-    map: HashMap<u64, Arc<Node>>,
+    map: AddrMap<Arc<Node>>,
     order: VecDeque<u64>,
 }
 
@@ -20,7 +49,7 @@ impl NodeCache {
     pub fn new(capacity: usize) -> Self {
         NodeCache {
             inner: Mutex::new(Inner {
-                map: HashMap::new(),
+                map: AddrMap::default(),
                 order: VecDeque::new(),
             }),
             capacity: capacity.max(16),

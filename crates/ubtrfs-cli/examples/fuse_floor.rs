@@ -1,0 +1,503 @@
+//! The FUSE floor for `bench/metadata.sh`: a filesystem that keeps names
+//! and sizes in memory and throws file data away, mounted with the FUSE
+//! crate, thread count and kernel capabilities of `ubtrfs mount`. Whatever
+//! a workload costs here is what FUSE costs (request round trips, copies
+//! through /dev/fuse, the kernel's FUSE client), with next to no
+//! filesystem behind it.
+//!
+//! ```text
+//! fuse_floor MOUNTPOINT     # serves until unmounted (fusermount3 -u MOUNTPOINT)
+//! ```
+//!
+//! Reads return zeros up to the size written. No persistence, no
+//! permissions beyond the kernel's `default_permissions`.
+
+use anyhow::{Context, Result, bail};
+use fuser::{
+    Config, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    Request, TimeOrNow, WriteFlags,
+};
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+/// As in ubtrfs' adapter.
+const TTL: Duration = Duration::from_secs(1);
+const ROOT: u64 = 1;
+
+struct Node {
+    /// Directory entries by name; `None` for a file.
+    entries: Option<BTreeMap<Vec<u8>, u64>>,
+    size: u64,
+    perm: u16,
+    nlink: u32,
+    uid: u32,
+    gid: u32,
+    mtime: SystemTime,
+}
+
+struct Inner {
+    nodes: HashMap<u64, Node>,
+    next: u64,
+}
+
+struct Floor {
+    inner: Mutex<Inner>,
+}
+
+impl Floor {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn attr(ino: u64, n: &Node) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(ino),
+        size: n.size,
+        blocks: n.size.div_ceil(512),
+        atime: n.mtime,
+        mtime: n.mtime,
+        ctime: n.mtime,
+        crtime: n.mtime,
+        kind: if n.entries.is_some() {
+            FileType::Directory
+        } else {
+            FileType::RegularFile
+        },
+        perm: n.perm,
+        nlink: n.nlink,
+        uid: n.uid,
+        gid: n.gid,
+        rdev: 0,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
+impl Inner {
+    fn attr_of(&self, ino: u64) -> Result<FileAttr, Errno> {
+        self.nodes
+            .get(&ino)
+            .map(|n| attr(ino, n))
+            .ok_or(Errno::ENOENT)
+    }
+
+    fn dir(&mut self, ino: u64) -> Result<&mut BTreeMap<Vec<u8>, u64>, Errno> {
+        self.nodes
+            .get_mut(&ino)
+            .ok_or(Errno::ENOENT)?
+            .entries
+            .as_mut()
+            .ok_or(Errno::ENOTDIR)
+    }
+
+    fn make(
+        &mut self,
+        req: &Request,
+        parent: u64,
+        name: &OsStr,
+        perm: u32,
+        dir: bool,
+    ) -> Result<FileAttr, Errno> {
+        let ino = self.next;
+        let d = self.dir(parent)?;
+        if d.contains_key(name.as_bytes()) {
+            return Err(Errno::EEXIST);
+        }
+        d.insert(name.as_bytes().to_vec(), ino);
+        self.next += 1;
+        let n = Node {
+            entries: dir.then(BTreeMap::new),
+            size: 0,
+            perm: (perm & 0o7777) as u16,
+            nlink: if dir { 2 } else { 1 },
+            uid: req.uid(),
+            gid: req.gid(),
+            mtime: SystemTime::now(),
+        };
+        let a = attr(ino, &n);
+        self.nodes.insert(ino, n);
+        Ok(a)
+    }
+
+    fn remove(&mut self, parent: u64, name: &OsStr, dir: bool) -> Result<(), Errno> {
+        let ino = *self
+            .dir(parent)?
+            .get(name.as_bytes())
+            .ok_or(Errno::ENOENT)?;
+        let n = self.nodes.get(&ino).ok_or(Errno::ENOENT)?;
+        match (&n.entries, dir) {
+            (Some(e), true) if !e.is_empty() => return Err(Errno::ENOTEMPTY),
+            (Some(_), false) => return Err(Errno::EISDIR),
+            (None, true) => return Err(Errno::ENOTDIR),
+            _ => {}
+        }
+        self.dir(parent)?.remove(name.as_bytes());
+        self.nodes.remove(&ino);
+        Ok(())
+    }
+
+    /// Entries of `ino` from cookie `offset` on: `.` is 1, `..` 2, the
+    /// n-th name (by name order) n + 3.
+    fn list(&mut self, ino: u64, offset: u64) -> Result<Vec<(u64, Vec<u8>, u64)>, Errno> {
+        let d = self.dir(ino)?;
+        let mut out = vec![(1, b".".to_vec(), ino), (2, b"..".to_vec(), ino)];
+        out.extend(
+            d.iter()
+                .enumerate()
+                .map(|(i, (name, &child))| (i as u64 + 3, name.clone(), child)),
+        );
+        out.retain(|(cookie, _, _)| *cookie > offset);
+        Ok(out)
+    }
+}
+
+impl fuser::Filesystem for Floor {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // The capabilities ubtrfs' adapter asks for, so the kernel behaves alike.
+        for cap in [
+            InitFlags::FUSE_DO_READDIRPLUS,
+            InitFlags::FUSE_READDIRPLUS_AUTO,
+            InitFlags::FUSE_CACHE_SYMLINKS,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+        ] {
+            let _ = config.add_capabilities(cap);
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let mut g = self.lock();
+        let r = g
+            .dir(parent.0)
+            .and_then(|d| d.get(name.as_bytes()).copied().ok_or(Errno::ENOENT))
+            .and_then(|ino| g.attr_of(ino));
+        match r {
+            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.lock().attr_of(ino.0) {
+            Ok(a) => reply.attr(&TTL, &a),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let mut g = self.lock();
+        let Some(n) = g.nodes.get_mut(&ino.0) else {
+            return reply.error(Errno::ENOENT);
+        };
+        if let Some(m) = mode {
+            n.perm = (m & 0o7777) as u16;
+        }
+        if let Some(s) = size {
+            n.size = s;
+        }
+        n.mtime = SystemTime::now();
+        reply.attr(&TTL, &attr(ino.0, n));
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        match self.lock().make(req, parent.0, name, mode & !umask, true) {
+            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        if mode & libc::S_IFMT != libc::S_IFREG {
+            return reply.error(Errno::EPERM);
+        }
+        match self.lock().make(req, parent.0, name, mode & !umask, false) {
+            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        match self.lock().make(req, parent.0, name, mode & !umask, false) {
+            Ok(a) => reply.created(&TTL, &a, Generation(0), FileHandle(0), FopenFlags::empty()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.lock().remove(parent.0, name, false) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.lock().remove(parent.0, name, true) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.lock().attr_of(ino.0) {
+            Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let len = match self.lock().nodes.get(&ino.0) {
+            Some(n) => n.size.saturating_sub(offset).min(u64::from(size)),
+            None => return reply.error(Errno::ENOENT),
+        };
+        reply.data(&vec![0u8; len as usize]);
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let mut g = self.lock();
+        let Some(n) = g.nodes.get_mut(&ino.0) else {
+            return reply.error(Errno::ENOENT);
+        };
+        n.size = n.size.max(offset + data.len() as u64);
+        n.mtime = SystemTime::now();
+        reply.written(data.len() as u32);
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.lock().dir(ino.0) {
+            Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let mut g = self.lock();
+        let list = match g.list(ino.0, offset) {
+            Ok(l) => l,
+            Err(e) => return reply.error(e),
+        };
+        for (cookie, name, child) in list {
+            let kind = match g.nodes.get(&child) {
+                Some(n) if n.entries.is_some() => FileType::Directory,
+                _ => FileType::RegularFile,
+            };
+            if reply.add(INodeNo(child), cookie, kind, OsStr::from_bytes(&name)) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let mut g = self.lock();
+        let list = match g.list(ino.0, offset) {
+            Ok(l) => l,
+            Err(e) => return reply.error(e),
+        };
+        for (cookie, name, child) in list {
+            let Ok(a) = g.attr_of(child) else { continue };
+            if reply.add(
+                INodeNo(child),
+                cookie,
+                OsStr::from_bytes(&name),
+                &TTL,
+                &a,
+                Generation(0),
+            ) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _ds: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let files = self.lock().nodes.len() as u64;
+        reply.statfs(
+            1 << 30,
+            1 << 30,
+            1 << 30,
+            files + (1 << 30),
+            1 << 30,
+            4096,
+            255,
+            4096,
+        );
+    }
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [mountpoint] = args.as_slice() else {
+        bail!("usage: fuse_floor MOUNTPOINT");
+    };
+    let mut nodes = HashMap::new();
+    nodes.insert(
+        ROOT,
+        Node {
+            entries: Some(BTreeMap::new()),
+            size: 0,
+            perm: 0o755,
+            nlink: 2,
+            uid: 0,
+            gid: 0,
+            mtime: SystemTime::now(),
+        },
+    );
+    let fs = Floor {
+        inner: Mutex::new(Inner { nodes, next: 2 }),
+    };
+    // The session setup of `ubtrfs mount`: same thread count, one
+    // /dev/fuse descriptor per thread, kernel permission checks.
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::DefaultPermissions,
+        MountOption::FSName("fuse_floor".into()),
+        MountOption::Subtype("fuse_floor".into()),
+        MountOption::RW,
+        MountOption::NoDev,
+        MountOption::NoSuid,
+    ];
+    config.n_threads = Some(
+        std::thread::available_parallelism()
+            .map(|n| n.get().clamp(2, 8))
+            .unwrap_or(2),
+    );
+    config.clone_fd = true;
+    let session = fuser::Session::new(fs, mountpoint, &config)
+        .with_context(|| format!("cannot mount on {mountpoint}"))?;
+    session.run().context("serving")?;
+    Ok(())
+}

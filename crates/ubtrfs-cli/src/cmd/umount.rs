@@ -1,0 +1,288 @@
+//! `ubtrfs umount`: unmount a ubtrfs FUSE mount and wait until the process
+//! serving it has made its last commit and exited.
+//!
+//! The mount answers an ioctl on its root with the id of the process
+//! serving it ([`crate::fuse::control`]); that is how a ubtrfs mount is
+//! told from any other and how the process is found. Before unmounting,
+//! the mount's dirty pages are written back (`syncfs`) and its transaction
+//! committed (`fsync` of the root), so a failing commit is reported here.
+//! The unmount itself is `umount(2)` as root, else `fusermount3 -u`.
+
+use crate::fuse::control;
+use anyhow::{Context, Result, anyhow, bail};
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Arguments of `umount`.
+#[derive(clap::Args, Debug)]
+#[command(after_help = "\
+Writes back and commits what the mount holds, unmounts it, then waits for \
+the ubtrfs process serving it to make its last commit and exit. Fails, \
+changing nothing, if MOUNTPOINT is not a ubtrfs mount or is busy. A FUSE \
+mount whose process is gone (killed) is unmounted with a warning: what it \
+had not committed is lost.")]
+pub struct Args {
+    /// Where the filesystem is mounted.
+    #[arg(value_name = "MOUNTPOINT")]
+    mountpoint: PathBuf,
+    /// Give up waiting for the process after this many seconds (default:
+    /// wait as long as its last commit takes).
+    #[arg(long, value_name = "SECONDS")]
+    timeout: Option<u64>,
+}
+
+/// One line of `/proc/self/mountinfo`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountEntry {
+    /// Device number of the mounted filesystem (`major`, `minor`).
+    pub dev: (u32, u32),
+    /// Where it is mounted.
+    pub mount_point: PathBuf,
+    /// Filesystem type, such as `fuse.ubtrfs`.
+    pub fstype: String,
+}
+
+/// The mounts of this process's namespace, in mount order.
+pub fn mounts() -> Result<Vec<MountEntry>> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo")
+        .context("cannot read /proc/self/mountinfo")?;
+    Ok(text.lines().filter_map(parse_mountinfo).collect())
+}
+
+/// The newest mount on `mp` (the one a path lookup reaches), if any.
+pub fn mount_at(mp: &Path) -> Result<Option<MountEntry>> {
+    Ok(mounts()?.into_iter().rev().find(|m| m.mount_point == mp))
+}
+
+fn parse_mountinfo(line: &str) -> Option<MountEntry> {
+    let (before, after) = line.split_once(" - ")?;
+    let f: Vec<&str> = before.split(' ').collect();
+    let (major, minor) = f.get(2)?.split_once(':')?;
+    Some(MountEntry {
+        dev: (major.parse().ok()?, minor.parse().ok()?),
+        mount_point: PathBuf::from(std::ffi::OsStr::from_bytes(&unescape(f.get(4)?))),
+        fstype: after.split(' ').next()?.to_string(),
+    })
+}
+
+/// A mountinfo path: space, tab, newline and backslash come as `\ooo`.
+fn unescape(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal {
+            Some(d) => {
+                out.push((d[0] - b'0') << 6 | (d[1] - b'0') << 3 | (d[2] - b'0'));
+                i += 4;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Run `umount`.
+pub fn run(args: Args) -> Result<()> {
+    let mp = absolute(&args.mountpoint)?;
+    let shown = mp.display().to_string();
+    let entry = mount_at(&mp)?.ok_or_else(|| anyhow!("{shown}: not mounted"))?;
+    if !entry.fstype.starts_with("fuse") {
+        bail!("{shown}: not a ubtrfs mount (it is {})", entry.fstype);
+    }
+    let (pid, committed) = match server_info(&mp) {
+        Ok(Info { pid, rw }) => {
+            let committed = if rw { commit(&mp) } else { Ok(()) };
+            (Some(pid), committed)
+        }
+        // A FUSE mount whose process died: nothing can be asked or
+        // committed any more (nor told apart from other FUSE mounts), and
+        // unmounting it can only help.
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            eprintln!(
+                "ubtrfs: warning: {shown}: the process serving it is gone; what it had not committed is lost"
+            );
+            (None, Ok(()))
+        }
+        Err(e) => bail!("{shown}: not a ubtrfs mount ({e})"),
+    };
+    // Watch the process before it can exit, so its id cannot be reused.
+    let watch = pid.map(Watch::new).transpose()?;
+    unmount(&mp).with_context(|| format!("cannot unmount {shown}"))?;
+    if let Some(w) = watch {
+        let deadline = args
+            .timeout
+            .map(|s| Instant::now() + Duration::from_secs(s));
+        w.wait(deadline, &shown)?;
+    }
+    committed.map_err(|e| {
+        anyhow!(
+            "{shown}: committing before the unmount failed ({e}); changes made after the last successful commit are lost (the mount process logs why)"
+        )
+    })
+}
+
+/// `path` made absolute without touching it (a dead FUSE mount cannot be
+/// looked at).
+fn absolute(path: &Path) -> Result<PathBuf> {
+    if let Ok(p) = path.canonicalize() {
+        return Ok(p);
+    }
+    std::path::absolute(path).with_context(|| path.display().to_string())
+}
+
+/// What the mount says about itself.
+struct Info {
+    pid: libc::pid_t,
+    rw: bool,
+}
+
+fn server_info(mp: &Path) -> std::io::Result<Info> {
+    let dir = std::fs::File::open(mp)?;
+    let mut buf = [0u8; control::INFO_WORDS * 8];
+    // SAFETY: the ioctl writes at most the size encoded in its number,
+    // which is the buffer's.
+    let rc = unsafe {
+        libc::ioctl(
+            dir.as_raw_fd(),
+            control::UBTRFS_IOC_SERVER_INFO as _,
+            buf.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let word = |i: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&buf[i * 8..i * 8 + 8]);
+        u64::from_le_bytes(w)
+    };
+    if word(control::INFO_MAGIC) != control::MAGIC {
+        return Err(std::io::Error::other("it does not answer as ubtrfs does"));
+    }
+    let pid = libc::pid_t::try_from(word(control::INFO_PID))
+        .map_err(|_| std::io::Error::other("bad process id"))?;
+    Ok(Info {
+        pid,
+        rw: word(control::INFO_FLAGS) & control::FLAG_READ_WRITE != 0,
+    })
+}
+
+/// Write back the mount's dirty pages and commit its transaction.
+fn commit(mp: &Path) -> std::io::Result<()> {
+    let dir = std::fs::File::open(mp)?;
+    // SAFETY: a plain syscall on a descriptor open for this scope.
+    if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    dir.sync_all()
+}
+
+/// `umount(2)` as root, `fusermount3 -u` otherwise.
+fn unmount(mp: &Path) -> Result<()> {
+    let c = CString::new(mp.as_os_str().as_bytes())?;
+    // SAFETY: `c` is a valid NUL-terminated path.
+    if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::EPERM) {
+        return Err(e.into());
+    }
+    let out = std::process::Command::new("fusermount3")
+        .args(["-u", "--"])
+        .arg(mp)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .context("cannot run fusermount3")?;
+    if !out.status.success() {
+        bail!(
+            "fusermount3 -u: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// A process being waited for: a pidfd, readable once it exits.
+struct Watch {
+    pid: libc::pid_t,
+    fd: OwnedFd,
+}
+
+impl Watch {
+    fn new(pid: libc::pid_t) -> Result<Self> {
+        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("cannot watch process {pid}"));
+        }
+        // SAFETY: the descriptor was just created and is owned here only.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        Ok(Watch { pid, fd })
+    }
+
+    /// Wait until the process has exited (or `deadline` passes).
+    fn wait(&self, deadline: Option<Instant>, shown: &str) -> Result<()> {
+        let started = Instant::now();
+        let mut told = false;
+        loop {
+            let mut p = libc::pollfd {
+                fd: self.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            let n = unsafe { libc::poll(&mut p, 1, 500) };
+            if n > 0 {
+                return Ok(());
+            }
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e).context("poll");
+                }
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                bail!(
+                    "{shown} is unmounted, but process {} has not exited yet (still committing?)",
+                    self.pid
+                );
+            }
+            if !told && started.elapsed() > Duration::from_secs(5) {
+                eprintln!(
+                    "ubtrfs: waiting for process {} to commit and exit",
+                    self.pid
+                );
+                told = true;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_lines() {
+        let l = "36 35 0:52 / /mnt/with\\040space rw,nosuid,nodev shared:1 - fuse.ubtrfs /dev/loop0 rw,user_id=0";
+        let m = parse_mountinfo(l).unwrap();
+        assert_eq!(m.dev, (0, 52));
+        assert_eq!(m.mount_point, Path::new("/mnt/with space"));
+        assert_eq!(m.fstype, "fuse.ubtrfs");
+        assert!(parse_mountinfo("garbage").is_none());
+        assert_eq!(unescape("a\\134b\\011"), b"a\\b\t");
+        assert_eq!(unescape("end\\01"), b"end\\01");
+    }
+}

@@ -1,0 +1,82 @@
+//! The log tree (layer 9): what fsync wrote since the last commit.
+//!
+//! When the kernel fsyncs a file it does not commit a transaction: it
+//! writes the changed items of the inode (and of the directories that
+//! need it) into a per-subvolume log tree, and points the superblock's
+//! `log_root` at a tree of those logs. After a crash the next mount
+//! replays the logs into the fs trees. ubtrfs does the same:
+//!
+//! - [`read`]: the log trees, every block verified;
+//! - `replay`, `names`, `extents`, `fixup`: the replay, on a filesystem
+//!   opened read-write (then committed, which clears `log_root`), or in
+//!   memory for a read-only open, so that readers never see the state
+//!   before the fsyncs the kernel would show.
+//!
+//! Writing our own log on fsync is not done yet: ubtrfs's fsync commits.
+
+mod extents;
+mod fixup;
+mod names;
+pub mod read;
+mod replay;
+
+pub use replay::ReplaySummary;
+
+use crate::format::consts::ROOT_TREE_OBJECTID;
+use crate::fs::Filesystem;
+use crate::volume::DeviceSet;
+use crate::{Error, Result};
+
+/// On a filesystem just opened read-write (nothing allocated yet): replay
+/// its log, if it has one, and commit. The commit's superblock has no log.
+pub(crate) fn replay_at_open(fs: &mut Filesystem) -> Result<Option<ReplaySummary>> {
+    let Some(log) = read::read_log(fs)? else {
+        return Ok(None);
+    };
+    let summary = {
+        let mut w = fs.writer_deleting()?;
+        let s = replay::replay_log(fs, &mut w, &log)?;
+        // Even a log that changed nothing must leave the superblock: make
+        // sure the commit has something to write.
+        fs.modify_tree(&mut w, ROOT_TREE_OBJECTID, |ed, root| ed.cow_root(root))?;
+        fs.commit_locked(&mut w)?;
+        s
+    };
+    fs.sb.log_root = 0;
+    fs.sb.log_root_level = 0;
+    fs.warnings.extend(summary.warnings.iter().cloned());
+    Ok(Some(summary))
+}
+
+/// Open the filesystem on `set` for reading with its log replayed in
+/// memory: the devices are never written. Fails, naming the log, if the
+/// replay cannot be done.
+pub(crate) fn open_replayed_in_memory(set: DeviceSet) -> Result<Filesystem> {
+    let fail = |e: Error| {
+        Error::Unsupported(format!(
+            "the filesystem has a log tree (changes fsync'd after the last commit) that could not be replayed in memory: {e}; mount it once with the kernel, or open it read-write, to replay it"
+        ))
+    };
+    let mut fs = Filesystem::open_with_writer(set).map_err(fail)?;
+    let replayed = (|| -> Result<ReplaySummary> {
+        let log =
+            read::read_log(&fs)?.ok_or_else(|| Error::corrupt("the log vanished while opening"))?;
+        let mut w = fs.writer_deleting()?;
+        let s = replay::replay_log(&fs, &mut w, &log)?;
+        // Inodes the replay orphaned go, as the orphan cleanup after a
+        // read-write open would delete them.
+        for &subvol in &s.subvols {
+            fs.clean_orphans(&mut w, subvol)?;
+        }
+        Ok(s)
+    })()
+    .map_err(fail)?;
+    // Read-only from here on: the replayed blocks live in the reader's
+    // overlay of uncommitted blocks and are never written.
+    fs.writer = None;
+    fs.warnings.extend(replayed.warnings);
+    fs.warnings.push(
+        "the log tree (changes fsync'd after the last commit) was replayed in memory; opening the filesystem read-write replays it on disk".into(),
+    );
+    Ok(fs)
+}

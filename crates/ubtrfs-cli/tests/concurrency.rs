@@ -167,7 +167,9 @@ fn stacks(pid: u32) -> String {
     if testkit::which("gdb").is_some()
         && let Ok(o) = testkit::command("timeout")
             .args([
-                "60",
+                "-k",
+                "5",
+                "30",
                 "gdb",
                 "-p",
                 &pid.to_string(),
@@ -502,10 +504,12 @@ impl Worker {
                     },
                 )?;
                 // Writing nothing extends nothing.
-                if !add.is_empty() && d.len() < at + add.len() {
-                    d.resize(at + add.len(), 0);
+                if !add.is_empty() {
+                    if d.len() < at + add.len() {
+                        d.resize(at + add.len(), 0);
+                    }
+                    d[at..at + add.len()].copy_from_slice(&add);
                 }
-                d[at..at + add.len()].copy_from_slice(&add);
                 self.set_data(&p, d);
             }
             // Rename a file over one of its own names or to a new one.
@@ -772,9 +776,9 @@ impl Worker {
     fn append(&mut self) -> Step {
         // Mostly small: the log holds every record until the end.
         let len = match self.rng.below(100) {
-            0..=96 => self.rng.below(2000),
+            0..=96 => self.rng.below(1000),
             97..=98 => self.rng.below(40_000),
-            _ => self.rng.below(200_000),
+            _ => self.rng.below(64 << 10),
         };
         let rec = record(self.id, self.out.appended, len);
         let n = self.expect_ok(
@@ -1180,15 +1184,16 @@ fn sixteen_threads_at_once() {
             .max()
             .unwrap_or_default();
         if hung.is_none() && (last_progress.elapsed() > STALL || longest > STALL) {
-            let report = format!(
-                "no progress: {:.0?} since the last call ended, the longest call running {longest:.0?}\n{}\
-                 stacks of the mount (pid {:?}):\n{}",
+            let mut report = format!(
+                "no progress: {:.0?} since the last call ended, the longest call running \
+                 {longest:.0?}\n{}",
                 last_progress.elapsed(),
                 shared.report(),
-                m.pid(),
-                m.pid().map(stacks).unwrap_or_default()
             );
             eprintln!("{report}");
+            let st = m.pid().map(stacks).unwrap_or_default();
+            eprintln!("stacks of the mount (pid {:?}):\n{st}", m.pid());
+            report.push_str("(the mount's stacks are printed above)\n");
             shared.fail(report.clone());
             hung = Some(report);
             // Kill the mount: every waiting call fails instead of hanging.

@@ -29,7 +29,7 @@ impl Replay<'_> {
             subvol: self.subvol,
             ino,
         };
-        if self.fs.inode_item(id).is_err() {
+        if self.inode(ino)?.is_none() {
             // No inode to hold it (the log did not record one): nothing to do.
             return Ok(());
         }

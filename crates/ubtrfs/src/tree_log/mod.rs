@@ -30,12 +30,12 @@ use crate::{Error, Result};
 /// On a filesystem just opened read-write (nothing allocated yet): replay
 /// its log, if it has one, and commit. The commit's superblock has no log.
 pub(crate) fn replay_at_open(fs: &mut Filesystem) -> Result<Option<ReplaySummary>> {
-    let Some(log) = read::read_log(fs)? else {
+    let Some(log) = read::read_log(fs).map_err(in_log)? else {
         return Ok(None);
     };
     let summary = {
         let mut w = fs.writer_deleting()?;
-        let s = replay::replay_log(fs, &mut w, &log)?;
+        let s = replay::replay_log(fs, &mut w, &log).map_err(in_log)?;
         // Even a log that changed nothing must leave the superblock: make
         // sure the commit has something to write.
         fs.modify_tree(&mut w, ROOT_TREE_OBJECTID, |ed, root| ed.cow_root(root))?;
@@ -45,6 +45,10 @@ pub(crate) fn replay_at_open(fs: &mut Filesystem) -> Result<Option<ReplaySummary
     fs.sb.log_root = 0;
     fs.sb.log_root_level = 0;
     fs.warnings.extend(summary.warnings.iter().cloned());
+    fs.warnings.push(format!(
+        "replayed the log tree (changes fsync'd after the last commit): {} inodes and {} file extents in subvolumes {:?}",
+        summary.inodes, summary.extents, summary.subvols
+    ));
     Ok(Some(summary))
 }
 
@@ -52,12 +56,17 @@ pub(crate) fn replay_at_open(fs: &mut Filesystem) -> Result<Option<ReplaySummary
 /// memory: the devices are never written. Fails, naming the log, if the
 /// replay cannot be done.
 pub(crate) fn open_replayed_in_memory(set: DeviceSet) -> Result<Filesystem> {
-    let fail = |e: Error| {
-        Error::Unsupported(format!(
-            "the filesystem has a log tree (changes fsync'd after the last commit) that could not be replayed in memory: {e}; mount it once with the kernel, or open it read-write, to replay it"
-        ))
+    // What stops writing stops the replay too; other errors are the
+    // filesystem's own.
+    let unsupported = |e: Error| match e {
+        Error::Unsupported(_) | Error::Devices(_) | Error::ReadOnly(_) => {
+            Error::Unsupported(format!(
+                "the filesystem has a log tree (changes fsync'd after the last commit), and replaying it needs what writing needs: {e}; mount it once with the kernel to replay it"
+            ))
+        }
+        e => e,
     };
-    let mut fs = Filesystem::open_with_writer(set).map_err(fail)?;
+    let mut fs = Filesystem::open_with_writer(set).map_err(unsupported)?;
     let replayed = (|| -> Result<ReplaySummary> {
         let log =
             read::read_log(&fs)?.ok_or_else(|| Error::corrupt("the log vanished while opening"))?;
@@ -70,7 +79,7 @@ pub(crate) fn open_replayed_in_memory(set: DeviceSet) -> Result<Filesystem> {
         }
         Ok(s)
     })()
-    .map_err(fail)?;
+    .map_err(in_log)?;
     // Read-only from here on: the replayed blocks live in the reader's
     // overlay of uncommitted blocks and are never written.
     fs.writer = None;
@@ -79,4 +88,14 @@ pub(crate) fn open_replayed_in_memory(set: DeviceSet) -> Result<Filesystem> {
         "the log tree (changes fsync'd after the last commit) was replayed in memory; opening the filesystem read-write replays it on disk".into(),
     );
     Ok(fs)
+}
+
+/// Damage found while reading or replaying the log, said to be the log's.
+fn in_log(e: Error) -> Error {
+    match e {
+        Error::BadTreeBlock { .. } | Error::Corrupt(_) => Error::Corrupt(format!(
+            "the log tree (changes fsync'd after the last commit) cannot be replayed: {e}"
+        )),
+        e => e,
+    }
 }

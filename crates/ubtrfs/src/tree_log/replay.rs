@@ -182,8 +182,8 @@ impl Replay<'_> {
                     self.replay_extent(key.objectid, key.offset, data)?;
                     extents += 1;
                 }
-                // Handled above, or (DIR_ITEM: the DIR_INDEX entries name
-                // the same entries; checksums: with their extents) below.
+                // Replayed by the first passes or with their extents
+                // (checksums); DIR_ITEM entries repeat the DIR_INDEX ones.
                 INODE_ITEM_KEY | DIR_INDEX_KEY | DIR_ITEM_KEY | DIR_LOG_INDEX_KEY
                 | DIR_LOG_ITEM_KEY | EXTENT_CSUM_KEY => {}
                 t => {

@@ -42,7 +42,17 @@ impl Filesystem {
             .map(|it| it.key())
             .filter(|k| k.objectid == id.ino && k.item_type == EXTENT_DATA_KEY)
             .map_or(offset, |k| k.offset);
-        let mut out = Vec::new();
+        let ss = self.geometry().sectorsize as u64;
+        let mut out: Vec<Segment> = Vec::new();
+        // Neighbouring copy-on-write pieces go out as one.
+        let mut push = |s: Segment| match out.last_mut() {
+            Some(p)
+                if p.in_place.is_none() && s.in_place.is_none() && p.offset + p.len == s.offset =>
+            {
+                p.len += s.len
+            }
+            _ => out.push(s),
+        };
         let mut cursor = offset;
         for item in tree.range(
             Key::new(id.ino, EXTENT_DATA_KEY, first),
@@ -51,12 +61,18 @@ impl Filesystem {
             let item = item?;
             let k = item.key().offset;
             let fe = FileExtentItem::parse(item.data())?;
-            let (lo, hi) = (k.max(cursor), (k + fe.len()).min(end));
+            // An inline extent stands for its whole sector: dirty data
+            // replacing it comes in sectors (never cut a sector).
+            let fe_end = match fe.body {
+                ExtentBody::Inline(_) => (k + fe.len()).div_ceil(ss) * ss,
+                _ => k + fe.len(),
+            };
+            let (lo, hi) = (k.max(cursor), fe_end.min(end));
             if lo >= hi {
                 continue;
             }
             if lo > cursor {
-                out.push(Segment {
+                push(Segment {
                     offset: cursor,
                     len: lo - cursor,
                     in_place: None,
@@ -100,7 +116,7 @@ impl Filesystem {
                     in_place = Some(at);
                 }
             }
-            out.push(Segment {
+            push(Segment {
                 offset: lo,
                 len: hi - lo,
                 in_place,
@@ -108,7 +124,7 @@ impl Filesystem {
             cursor = hi;
         }
         if cursor < end {
-            out.push(Segment {
+            push(Segment {
                 offset: cursor,
                 len: end - cursor,
                 in_place: None,

@@ -135,6 +135,17 @@ impl Delalloc {
         join_and_cut(runs, max)
     }
 
+    /// The dirty byte ranges of `id` as `(offset, length)`, in order, without
+    /// their data (SEEK_DATA/SEEK_HOLE only need where they are).
+    pub fn ranges(&self, id: InodeId, sectorsize: u64) -> Vec<(u64, u64)> {
+        let Some(f) = self.files.get(&id) else {
+            return Vec::new();
+        };
+        f.iter()
+            .map(|(&idx, run)| (idx * sectorsize, run.len() as u64))
+            .collect()
+    }
+
     /// Like [`Delalloc::runs`], taking the data out of the inode's dirty
     /// set (nothing is copied unless runs must be joined or cut).
     pub fn take_runs(&mut self, id: InodeId, sectorsize: u64, max: u64) -> Vec<DirtyRun> {
@@ -244,6 +255,7 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![(0, 8), (8, 4), (20, 8)]
         );
+        assert_eq!(d.ranges(id, 4), vec![(0, 12), (20, 8)]);
         let mut out = vec![9u8; 10];
         d.overlay(id, 6, &mut out, 4);
         assert_eq!(out, vec![1, 1, 2, 2, 2, 2, 9, 9, 9, 9]);

@@ -50,10 +50,10 @@ impl Filesystem {
         let ss = self.geometry().sectorsize as u64;
         {
             let d = self.delalloc();
-            for run in d.runs(id, ss, u64::MAX) {
-                let end = (run.offset + run.data.len() as u64).min(size);
-                if end > from.max(run.offset) {
-                    ranges.push((run.offset.max(from), end));
+            for (offset, len) in d.ranges(id, ss) {
+                let end = (offset + len).min(size);
+                if end > from.max(offset) {
+                    ranges.push((offset.max(from), end));
                 }
             }
         }

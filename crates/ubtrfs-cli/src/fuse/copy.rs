@@ -17,7 +17,7 @@
 use super::control::Counter;
 use super::{FuseFs, errno};
 use fuser::{Errno, INodeNo};
-use ubtrfs::format::consts::{INODE_NODATACOW, INODE_NODATASUM};
+use ubtrfs::format::consts::INODE_NODATASUM;
 use ubtrfs::fs::{Filesystem, InodeId};
 
 /// One `copy_file_range` request.
@@ -51,13 +51,9 @@ impl FuseFs {
                 .len
                 .min(s.size - c.src_off)
                 .min(u64::from(u32::MAX) / ss * ss);
-            // Files that disagree on checksums cannot share extents. No-COW
-            // files are copied too: sharing their extents commits at once
-            // (see `clone_range`), outside the mount's own handling of a
-            // failed commit.
+            // Files that disagree on checksums cannot share extents.
             let same_sums = (s.flags ^ d.flags) & INODE_NODATASUM == 0;
-            let nocow = (s.flags | d.flags) & INODE_NODATACOW != 0;
-            let share = if same_sums && !nocow {
+            let share = if same_sums {
                 shareable(&c, len, s.size, d.size, ss)
             } else {
                 0

@@ -60,21 +60,14 @@ impl Filesystem {
         dst_off: u64,
         len: u64,
     ) -> Result<()> {
-        let nocow = {
-            let mut w = self.writer()?;
-            self.clone_locked(&mut w, src, src_off, dst, dst_off, len)?
-        };
-        if nocow {
-            // A no-COW file is rewritten in place when the extent tree
-            // says its extent has one reference; the new reference must be
-            // there before any such decision is made.
-            self.commit()?;
-        }
+        // No commit is needed for no-COW files: their in-place check
+        // counts the new references still pending as delayed refs.
+        let mut w = self.writer()?;
+        self.clone_locked(&mut w, src, src_off, dst, dst_off, len)?;
         Ok(())
     }
 
-    /// [`Filesystem::clone_range`] inside the transaction; returns whether
-    /// a no-COW file took part.
+    /// [`Filesystem::clone_range`] inside the transaction.
     fn clone_locked(
         &self,
         w: &mut Writer,
@@ -83,7 +76,7 @@ impl Filesystem {
         dst: InodeId,
         dst_off: u64,
         len: u64,
-    ) -> Result<bool> {
+    ) -> Result<()> {
         let ss = self.geometry().sectorsize as u64;
         let si = clone_file(self, src, "source")?;
         let di = clone_file(self, dst, "destination")?;
@@ -113,7 +106,7 @@ impl Filesystem {
                 ))
             })?;
         if len == 0 {
-            return Ok(false);
+            return Ok(());
         }
         let rlen = len.div_ceil(ss) * ss;
         dst_off
@@ -142,7 +135,6 @@ impl Filesystem {
                 src.ino
             )));
         }
-        let nocow = (si.flags | di.flags) & INODE_NODATACOW != 0;
 
         // Work on what is on disk.
         self.writeback(w, src)?;
@@ -238,7 +230,7 @@ impl Filesystem {
             }
             self.writeback(w, dst)?;
         }
-        Ok(nocow)
+        Ok(())
     }
 
     /// The pieces of `[off, off + len)` of `src` (sector aligned), in order.

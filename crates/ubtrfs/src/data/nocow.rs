@@ -1,9 +1,12 @@
 //! No-COW overwrites: a file with the NODATACOW flag is rewritten in place
 //! where its extent is plain, referenced once, not shared with a snapshot,
 //! and has no checksums. The checksum question is asked with an early-exit
-//! existence check (seed 002), never by collecting the checksums.
+//! existence check (seed 002), never by collecting the checksums. A
+//! reference added in the running transaction (a clone) is still a delayed
+//! ref, so pending changes count as sharing too.
 
 use crate::Result;
+use crate::alloc::delayed_ref::DelayedRefs;
 use crate::csum_tree;
 use crate::format::Key;
 use crate::format::consts::*;
@@ -23,12 +26,14 @@ pub struct Segment {
 
 impl Filesystem {
     /// Cut `[offset, offset + len)` of `id` into segments by extent, each
-    /// marked with where it can be written in place.
+    /// marked with where it can be written in place. `pending` holds the
+    /// running transaction's reference changes, not yet in the extent tree.
     pub(crate) fn nocow_segments(
         &self,
         id: InodeId,
         offset: u64,
         len: u64,
+        pending: &DelayedRefs,
     ) -> Result<Vec<Segment>> {
         let end = offset + len;
         let tree = self.fs_tree(id.subvol)?;
@@ -112,7 +117,9 @@ impl Filesystem {
                     )?,
                     None => false,
                 };
-                if refs == Some(1) && !summed {
+                // Any pending change (a clone's new reference) may share it.
+                let untouched = !pending.data.contains_key(&disk_bytenr);
+                if refs == Some(1) && untouched && !summed {
                     in_place = Some(at);
                 }
             }

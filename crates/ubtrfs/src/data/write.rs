@@ -189,7 +189,7 @@ impl Filesystem {
             for run in runs.iter_mut() {
                 let len = run.data.len() as u64;
                 let segs = if nocow {
-                    self.nocow_segments(id, run.offset, len)?
+                    self.nocow_segments(id, run.offset, len, &w.blocks.refs)?
                 } else {
                     vec![super::nocow::Segment {
                         offset: run.offset,

@@ -17,6 +17,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/.." && pwd)
+BENCH_SCRIPT=fsync-matrix.sh
+. "$here/lib.sh"
 
 BENCH_DIR=${BENCH_DIR:-/var/tmp/ubtrfs-bench}
 UBTRFS=${UBTRFS:-$repo/target/release/ubtrfs}
@@ -62,47 +64,18 @@ usage() {
 EOF
 }
 
-while (($#)); do
-    case $1 in
-        --quick) QUICK=1 ;;
-        --runs) RUNS=$2; shift ;;
-        --runs=*) RUNS=${1#*=} ;;
-        --modes) MODES=$2; shift ;;
-        --modes=*) MODES=${1#*=} ;;
-        --csums) CSUMS=$2; shift ;;
-        --csums=*) CSUMS=${1#*=} ;;
-        --profiles) PROFILES=$2; shift ;;
-        --profiles=*) PROFILES=${1#*=} ;;
-        --jobs) JOBS=$2; shift ;;
-        --jobs=*) JOBS=${1#*=} ;;
-        --workloads) WORKLOADS=$2; shift ;;
-        --workloads=*) WORKLOADS=${1#*=} ;;
-        --no-kernel) KERNEL=0 ;;
-        --report) REPORT_FROM=$2; shift ;;
-        --report=*) REPORT_FROM=${1#*=} ;;
-        --noise) NOISE=$2; shift ;;
-        --noise=*) NOISE=${1#*=} ;;
-        -h|--help) usage; exit 0 ;;
-        *) echo "fsync-matrix.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
-    esac
-    shift
-done
-
-die() { echo "fsync-matrix.sh: $*" >&2; exit 1; }
-log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
+parse_args "--runs:RUNS --modes:MODES --csums:CSUMS --profiles:PROFILES --jobs:JOBS --workloads:WORKLOADS
+    --report:REPORT_FROM --noise:NOISE" "--quick:QUICK=1 --no-kernel:KERNEL=0" "$@"
 
 # --- prerequisites ---------------------------------------------------------
 if [[ -n $REPORT_FROM ]]; then
     [[ -r $REPORT_FROM ]] || die "cannot read $REPORT_FROM"
 else
-(( EUID == 0 )) || die "needs root (loop devices, mounts); run with sudo"
-missing=()
-for c in fio mkfs.btrfs mount umount losetup fusermount3 findmnt python3 timeout; do
-    command -v "$c" >/dev/null || missing+=("$c")
-done
-((${#missing[@]} == 0)) || die "missing: ${missing[*]} (Debian: apt-get install fio btrfs-progs fuse3 python3 util-linux coreutils)"
-[[ -x $UBTRFS ]] || die "no ubtrfs binary at $UBTRFS; build it: cargo build --release -p ubtrfs-cli (or set UBTRFS=)"
-[[ -e /dev/fuse ]] || die "no /dev/fuse (modprobe fuse)"
+need_root "loop devices, mounts"
+need_commands "fio btrfs-progs fuse3 python3 util-linux coreutils" \
+    fio mkfs.btrfs mount umount losetup fusermount3 findmnt python3 timeout
+need_ubtrfs
+need_fuse
 fi
 
 if ((QUICK)); then
@@ -143,11 +116,7 @@ avail_mib=$(df -m --output=avail "$(dirname "$SHM_DIR")" | tail -1 | tr -d ' ')
 
 mkdir -p "$BENCH_DIR" "$SHM_DIR"
 # One benchmark at a time on this work directory (the disk profile uses it).
-exec 9>"$BENCH_DIR/.lock"
-if ! flock -n 9; then
-    log "waiting for another benchmark that holds $BENCH_DIR/.lock"
-    flock 9
-fi
+bench_lock
 if [[ " $PROFILES " == *" disk "* ]]; then
     disk_avail=$(df -m --output=avail "$BENCH_DIR" | tail -1 | tr -d ' ')
     ((disk_avail > DATA_MIB * 2 + 1024)) || die "$BENCH_DIR has $disk_avail MiB free; the disk profile needs about $((DATA_MIB * 2 + 1024)) MiB"
@@ -160,11 +129,7 @@ results=$BENCH_DIR/fsync-matrix-results$( ((QUICK)) && echo -quick || true).md
 ULOG=$OUT/log-ubtrfs.txt
 MNT=$SHM_DIR/mnt
 mkdir -p "$MNT"
-# Run a private copy of the binary: a rebuild during the run must not
-# change what is measured half-way.
-cp "$UBTRFS" "$OUT/ubtrfs.bin"
-UBTRFS_ID="$(sha256sum "$UBTRFS" | cut -c1-12), built $(date -r "$UBTRFS" '+%F %T')"
-UBTRFS=$OUT/ubtrfs.bin
+private_ubtrfs "$OUT"
 : >"$RAW"
 : >"$ULOG"
 TICK=$(getconf CLK_TCK)
@@ -186,8 +151,6 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-
-now_ns() { date +%s%N; }
 
 # --- devices ------------------------------------------------------------------
 # single: one 4 GiB file; raid0: four files of 1.5 GiB, data raid0, metadata
@@ -211,16 +174,12 @@ fresh_fs() { # profile csum
 }
 
 mount_ubtrfs() { # mode ("" for the mount's default)
-    local mode=$1 opt=() i
+    local mode=$1 opt=()
     [[ -n $mode ]] && opt=(-o "$(printf "$CSUM_OPT" "$mode")")
     echo "=== $(date +%T) mount ${opt[*]} ${DEVS[*]}" >>"$ULOG"
     "$UBTRFS" mount "${opt[@]}" "${DEVS[@]}" "$MNT" >>"$ULOG" 2>&1 &
     UPID=$!
-    for ((i = 0; i < 300; i++)); do
-        [[ $(findmnt -rn -M "$MNT" -o FSTYPE 2>/dev/null) == fuse* ]] && return 0
-        kill -0 "$UPID" 2>/dev/null || break
-        sleep 0.1
-    done
+    wait_fuse_mount "$MNT" "$UPID" && return 0
     wait "$UPID" 2>/dev/null || true
     UPID=
     return 1
@@ -361,10 +320,7 @@ elapsed=$((SECONDS - start))
 fi
 
 # --- report ----------------------------------------------------------------------
-commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
-dirty=$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo "+dirty" || true)
-mem=$(awk '/MemTotal/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo)
-cpu=$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)
+host_facts
 
 {
     echo "## Checksum-offload matrix ($name)"
@@ -501,4 +457,8 @@ EOF
 echo
 cat "$results"
 echo
-log "saved to $results; every run in $RAW, fio output in $OUT/fio, ubtrfs log in $ULOG"
+if [[ -n $REPORT_FROM ]]; then
+    log "saved to $results"
+else
+    log "saved to $results; every run in $RAW, fio output in $OUT/fio, ubtrfs log in $ULOG"
+fi

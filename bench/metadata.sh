@@ -17,6 +17,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/.." && pwd)
+BENCH_SCRIPT=metadata.sh
+. "$here/lib.sh"
 
 BENCH_DIR=${BENCH_DIR:-/var/tmp/ubtrfs-bench}
 UBTRFS=${UBTRFS:-$repo/target/release/ubtrfs}
@@ -48,38 +50,14 @@ usage() {
 EOF
 }
 
-while (($#)); do
-    case $1 in
-        --quick) QUICK=1 ;;
-        --files) FILES=$2; shift ;;
-        --files=*) FILES=${1#*=} ;;
-        --dirs) DIRS=$2; shift ;;
-        --dirs=*) DIRS=${1#*=} ;;
-        --procs) PROCS=$2; shift ;;
-        --procs=*) PROCS=${1#*=} ;;
-        --seq-mib) SEQ_MIB=$2; shift ;;
-        --seq-mib=*) SEQ_MIB=${1#*=} ;;
-        --targets) TARGETS=$2; shift ;;
-        --targets=*) TARGETS=${1#*=} ;;
-        --sections) SECTIONS=$2; shift ;;
-        --sections=*) SECTIONS=${1#*=} ;;
-        -h|--help) usage; exit 0 ;;
-        *) echo "metadata.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
-    esac
-    shift
-done
-
-die() { echo "metadata.sh: $*" >&2; exit 1; }
-log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
+parse_args "--files:FILES --dirs:DIRS --procs:PROCS --seq-mib:SEQ_MIB --targets:TARGETS --sections:SECTIONS" \
+    "--quick:QUICK=1" "$@"
 
 # --- prerequisites ---------------------------------------------------------
-(( EUID == 0 )) || die "needs root (loop devices, mounts, drop_caches); run with sudo"
-missing=()
-for c in fio mkfs.btrfs mkfs.xfs mount umount losetup fusermount3 findmnt python3 timeout cc flock; do
-    command -v "$c" >/dev/null || missing+=("$c")
-done
-((${#missing[@]} == 0)) || die "missing: ${missing[*]} (Debian: apt-get install fio btrfs-progs xfsprogs fuse3 python3 util-linux coreutils gcc)"
-[[ -x $UBTRFS ]] || die "no ubtrfs binary at $UBTRFS; build it: cargo build --release -p ubtrfs-cli --bins --examples"
+need_root "loop devices, mounts, drop_caches"
+need_commands "fio btrfs-progs xfsprogs fuse3 python3 util-linux coreutils gcc" \
+    fio mkfs.btrfs mkfs.xfs mount umount losetup fusermount3 findmnt python3 timeout cc flock
+need_ubtrfs "cargo build --release -p ubtrfs-cli --bins --examples"
 for t in $TARGETS; do
     [[ $t =~ ^(ubtrfs|btrfs|xfs|lib|floor|tmpfs)$ ]] || die "unknown target $t"
 done
@@ -89,10 +67,9 @@ if [[ " $TARGETS " == *" lib "* || " $TARGETS " == *" floor "* ]]; then
 fi
 [[ $SECTIONS =~ ^(meta|seq)(,(meta|seq))?$ ]] || die "--sections wants meta, seq or meta,seq"
 section_on() { [[ ,$SECTIONS, == *,$1,* ]]; }
-[[ -w /proc/sys/vm/drop_caches ]] || die "cannot write /proc/sys/vm/drop_caches"
-[[ -e /dev/fuse ]] || die "no /dev/fuse (modprobe fuse)"
-grep -qw btrfs /proc/filesystems || modprobe btrfs 2>/dev/null || die "the kernel has no btrfs"
-grep -qw xfs /proc/filesystems || modprobe xfs 2>/dev/null || die "the kernel has no xfs"
+need_drop_caches
+need_fuse
+need_kernel_fs btrfs xfs
 
 if ((QUICK)); then
     name=quick; FILES=${FILES:-10000}; SEQ_MIB=${SEQ_MIB:-256}
@@ -116,17 +93,11 @@ ULOG=$W/log-ubtrfs.txt
 TICK=$(getconf CLK_TCK)
 
 # One benchmark at a time on this work directory (and so on this disk).
-exec 9>"$BENCH_DIR/.lock"
-if ! flock -n 9; then
-    log "waiting for another benchmark that holds $BENCH_DIR/.lock"
-    flock 9
-fi
+bench_lock
 
 # Private copies of the binaries: a rebuild during the run must not change
 # what is measured half-way.
-cp "$UBTRFS" "$W/ubtrfs.bin"
-UBTRFS_ID="$(sha256sum "$UBTRFS" | cut -c1-12), built $(date -r "$UBTRFS" '+%F %T')"
-UBTRFS=$W/ubtrfs.bin
+private_ubtrfs "$W"
 if [[ -x $EXAMPLES/libbench ]]; then
     cp "$EXAMPLES/libbench" "$W/libbench.bin"
     cp "$EXAMPLES/fuse_floor" "$W/fuse_floor.bin"
@@ -166,9 +137,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-now_ns() { date +%s%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.6f", (b - a) / 1e9 }'; }
-drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 cpu_of() { # pid: utime + stime ticks of all its threads, 0 if gone
     [[ -n $1 && -r /proc/$1/stat ]] && awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat" || echo 0
 }
@@ -176,19 +145,13 @@ cpu_of() { # pid: utime + stime ticks of all its threads, 0 if gone
 fresh_fs() { # target
     rm -f "$IMG"
     case $1 in
-        ubtrfs|btrfs|lib) truncate -s "$IMG_SIZE" "$IMG"; mkfs.btrfs -f $MKFS_BTRFS_OPTS "$IMG" >"$W/log-mkfs.txt" 2>&1 ;;
-        xfs) truncate -s "$IMG_SIZE" "$IMG"; mkfs.xfs -q -f $MKFS_XFS_OPTS "$IMG" >"$W/log-mkfs.txt" 2>&1 ;;
-        *) true ;;
-    esac || { cat "$W/log-mkfs.txt" >&2; die "mkfs for $1 failed"; }
+        ubtrfs|btrfs|lib) mkfs_image "$IMG" btrfs "$1" ;;
+        xfs) mkfs_image "$IMG" xfs "$1" ;;
+    esac
 }
 
 wait_fuse() {
-    local i
-    for ((i = 0; i < 300; i++)); do
-        [[ $(findmnt -rn -M "$MNT" -o FSTYPE 2>/dev/null) == fuse* ]] && return 0
-        kill -0 "$SPID" 2>/dev/null || break
-        sleep 0.1
-    done
+    wait_fuse_mount "$MNT" "$SPID" && return 0
     tail -n 20 "$ULOG" >&2
     die "the FUSE server did not come up on $MNT"
 }
@@ -353,10 +316,7 @@ fi
 elapsed=$((SECONDS - start))
 
 # --- report ------------------------------------------------------------------------
-commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
-dirty=$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo "+dirty" || true)
-mem=$(awk '/MemTotal/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo)
-cpu=$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)
+host_facts
 backing=$(df -T "$BENCH_DIR" | awk 'NR == 2 { print $2 " on " $1 }')
 {
     echo "## Small files and 1 MiB streams ($name)"

@@ -12,6 +12,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/.." && pwd)
+BENCH_SCRIPT=read.sh
+. "$here/lib.sh"
 
 BENCH_DIR=${BENCH_DIR:-/var/tmp/ubtrfs-bench}
 UBTRFS=${UBTRFS:-$repo/target/release/ubtrfs}
@@ -39,37 +41,18 @@ usage() {
 EOF
 }
 
-while (($#)); do
-    case $1 in
-        --quick) QUICK=1 ;;
-        --runs) RUNS=$2; shift ;;
-        --runs=*) RUNS=${1#*=} ;;
-        --rebuild) REBUILD=1 ;;
-        --detail) DETAIL=1 ;;
-        --sync) SYNC=1 ;;
-        --xfs) XFS=1 ;;
-        --dest-dir) DEST_DIR_MODE=1 ;;
-        -h|--help) usage; exit 0 ;;
-        *) echo "read.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
-    esac
-    shift
-done
-
-die() { echo "read.sh: $*" >&2; exit 1; }
-log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
+parse_args "--runs:RUNS" \
+    "--quick:QUICK=1 --rebuild:REBUILD=1 --detail:DETAIL=1 --sync:SYNC=1 --xfs:XFS=1 --dest-dir:DEST_DIR_MODE=1" "$@"
 
 # --- prerequisites ---------------------------------------------------------
-(( EUID == 0 )) || die "needs root (loop mounts, drop_caches); run with sudo"
+need_root "loop mounts, drop_caches"
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || die "--runs wants a positive number"
-missing=()
-for c in mkfs.btrfs mkfs.ext4 btrfs mount umount losetup mountpoint python3 sync findmnt diff; do
-    command -v "$c" >/dev/null || missing+=("$c")
-done
-((XFS)) && { command -v mkfs.xfs >/dev/null || missing+=("mkfs.xfs (xfsprogs)"); }
-((${#missing[@]} == 0)) || die "missing: ${missing[*]} (Debian: apt-get install btrfs-progs e2fsprogs xfsprogs python3 util-linux diffutils)"
-[[ -x $UBTRFS ]] || die "no ubtrfs binary at $UBTRFS; build it: cargo build --release -p ubtrfs-cli (or set UBTRFS=)"
-[[ -w /proc/sys/vm/drop_caches ]] || die "cannot write /proc/sys/vm/drop_caches (a container without it cannot run cold-cache benchmarks)"
-grep -qw btrfs /proc/filesystems || modprobe btrfs 2>/dev/null || die "the kernel has no btrfs"
+cmds=(mkfs.btrfs mkfs.ext4 btrfs mount umount losetup mountpoint python3 sync findmnt diff)
+((XFS)) && cmds+=("mkfs.xfs (xfsprogs)")
+need_commands "btrfs-progs e2fsprogs xfsprogs python3 util-linux diffutils" "${cmds[@]}"
+need_ubtrfs
+need_drop_caches "(a container without it cannot run cold-cache benchmarks)"
+need_kernel_fs btrfs
 HYPERFINE=
 if [[ ${BENCH_HYPERFINE:-0} == 1 ]]; then
     command -v hyperfine >/dev/null || die "BENCH_HYPERFINE=1 but no hyperfine (apt-get install hyperfine)"
@@ -101,11 +84,7 @@ DEST_MIB=$((IMG_MIB * 2))
 mkdir -p "$MNT" "$XMNT" "$OUT"
 
 # Benchmarks sharing BENCH_DIR (and so the disk) take turns.
-exec 9>"$BENCH_DIR/.lock"
-if ! flock -n 9; then
-    log "waiting for another benchmark that holds $BENCH_DIR/.lock"
-    flock 9
-fi
+bench_lock
 
 cleanup() {
     local m
@@ -146,16 +125,10 @@ drop_dest() {
 
 umount_if() { if mountpoint -q "$1"; then umount "$1"; fi; }
 
-drop_caches() {
-    sync
-    echo 3 >/proc/sys/vm/drop_caches
-}
-
 # The binary may be rebuilt while we run (cargo in another shell): time a
 # snapshot of it, so every run measures the same code.
 bin_info="$("$UBTRFS" --version 2>/dev/null | head -1), binary of $(date -u -r "$UBTRFS" '+%Y-%m-%d %H:%M UTC')"
-cp "$UBTRFS" "$W/ubtrfs.bin"
-UBTRFS=$W/ubtrfs.bin
+private_ubtrfs "$W"
 
 # --- the image ---------------------------------------------------------------
 gen_hash=$(cat "$here/gen_tree.py" | sha256sum | cut -c1-16)
@@ -358,17 +331,9 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
 elapsed=$((SECONDS - start))
 
 # --- report ------------------------------------------------------------------
-commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
-dirty=$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo "+dirty" || true)
-mem=$(awk '/MemTotal/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo)
-cpu=$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)
-backing=$(df -T "$BENCH_DIR" | awk 'NR == 2 { print $2 " on " $1 }')
+host_facts
+disk_facts
 backing_opts=$(findmnt -no OPTIONS --target "$BENCH_DIR")
-dev=$(findmnt -no SOURCE --target "$BENCH_DIR" | sed 's|^/dev/||; s|\[.*||')
-disk=$(lsblk -ndo PKNAME "/dev/$dev" 2>/dev/null || true); disk=${disk:-$dev}
-rot=$(cat "/sys/block/$disk/queue/rotational" 2>/dev/null || echo '?')
-sched=$(sed -n 's/.*\[\(.*\)\].*/\1/p' "/sys/block/$disk/queue/scheduler" 2>/dev/null || echo '?')
-ra=$(cat "/sys/block/$disk/queue/read_ahead_kb" 2>/dev/null || echo '?')
 img_alloc=$(du -B1M "$IMG" | cut -f1)
 image_summary=$(python3 - "$IMG.facts" <<'EOF'
 import json, sys

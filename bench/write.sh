@@ -12,6 +12,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/.." && pwd)
+BENCH_SCRIPT=write.sh
+. "$here/lib.sh"
 
 BENCH_DIR=${BENCH_DIR:-/var/tmp/ubtrfs-bench}
 UBTRFS=${UBTRFS:-$repo/target/release/ubtrfs}
@@ -40,36 +42,16 @@ usage() {
 EOF
 }
 
-while (($#)); do
-    case $1 in
-        --quick) QUICK=1 ;;
-        --runtime) RUNTIME=$2; shift ;;
-        --runtime=*) RUNTIME=${1#*=} ;;
-        --jobs) JOBS=$2; shift ;;
-        --jobs=*) JOBS=${1#*=} ;;
-        --sections) SECTIONS=$2; shift ;;
-        --sections=*) SECTIONS=${1#*=} ;;
-        -h|--help) usage; exit 0 ;;
-        *) echo "write.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
-    esac
-    shift
-done
-
-die() { echo "write.sh: $*" >&2; exit 1; }
-log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
+parse_args "--runtime:RUNTIME --jobs:JOBS --sections:SECTIONS" "--quick:QUICK=1" "$@"
 
 # --- prerequisites ---------------------------------------------------------
-(( EUID == 0 )) || die "needs root (loop devices, mounts, drop_caches); run with sudo"
-missing=()
-for c in fio mkfs.btrfs btrfs mkfs.xfs mount umount losetup fusermount3 findmnt python3 tar timeout strace; do
-    command -v "$c" >/dev/null || missing+=("$c")
-done
-((${#missing[@]} == 0)) || die "missing: ${missing[*]} (Debian: apt-get install fio btrfs-progs xfsprogs fuse3 python3 util-linux tar coreutils strace)"
-[[ -x $UBTRFS ]] || die "no ubtrfs binary at $UBTRFS; build it: cargo build --release -p ubtrfs-cli (or set UBTRFS=)"
-[[ -w /proc/sys/vm/drop_caches ]] || die "cannot write /proc/sys/vm/drop_caches"
-[[ -e /dev/fuse ]] || die "no /dev/fuse (modprobe fuse)"
-grep -qw btrfs /proc/filesystems || modprobe btrfs 2>/dev/null || die "the kernel has no btrfs"
-grep -qw xfs /proc/filesystems || modprobe xfs 2>/dev/null || die "the kernel has no xfs"
+need_root "loop devices, mounts, drop_caches"
+need_commands "fio btrfs-progs xfsprogs fuse3 python3 util-linux tar coreutils strace" \
+    fio mkfs.btrfs btrfs mkfs.xfs mount umount losetup fusermount3 findmnt python3 tar timeout strace
+need_ubtrfs
+need_drop_caches
+need_fuse
+need_kernel_fs btrfs xfs
 [[ $SECTIONS =~ ^[1-4](,[1-4])*$ ]] || die "--sections wants a list like 1,3"
 section_on() { [[ ,$SECTIONS, == *,$1,* ]]; }
 
@@ -95,11 +77,7 @@ RAW=$BENCH_DIR/write-runs-$name.jsonl
 results=$BENCH_DIR/write-results$( ((QUICK)) && echo -quick || true).md
 ULOG=$W/log-ubtrfs.txt
 HELPER=$W/.helper.py
-# Run a private copy of the binary: a rebuild during the run must not
-# change what is measured half-way.
-cp "$UBTRFS" "$W/ubtrfs.bin"
-UBTRFS_ID="$(sha256sum "$UBTRFS" | cut -c1-12), built $(date -r "$UBTRFS" '+%F %T')"
-UBTRFS=$W/ubtrfs.bin
+private_ubtrfs "$W"
 : >"$RAW"
 : >"$ULOG"
 
@@ -133,12 +111,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-drop_caches() {
-    sync
-    echo 3 >/proc/sys/vm/drop_caches
-}
-
-now_ns() { date +%s%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", (b - a) / 1e9 }'; }
 
 # --- targets -------------------------------------------------------------------
@@ -147,14 +119,10 @@ secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", (b - a) / 1e9 }'; }
 # (kernel, loop device), xfs (kernel, loop device).
 
 fresh_fs() { # target: a new sparse image of IMG_SIZE with a new filesystem
-    local t=$1 img
-    img=$(img_of "$t")
-    rm -f "$img"
-    truncate -s "$IMG_SIZE" "$img"
-    case $t in
-        xfs) mkfs.xfs -q -f $MKFS_XFS_OPTS "$img" >"$W/log-mkfs.txt" 2>&1 ;;
-        *) mkfs.btrfs -f $MKFS_BTRFS_OPTS "$img" >"$W/log-mkfs.txt" 2>&1 ;;
-    esac || { cat "$W/log-mkfs.txt" >&2; die "mkfs for $t failed"; }
+    case $1 in
+        xfs) mkfs_image "$(img_of "$1")" xfs "$1" ;;
+        *) mkfs_image "$(img_of "$1")" btrfs "$1" ;;
+    esac
 }
 
 do_mount() { # target
@@ -172,12 +140,7 @@ do_mount() { # target
             echo "=== $(date +%T) mount $src $mnt" >>"$ULOG"
             "$UBTRFS" mount "$src" "$mnt" >>"$ULOG" 2>&1 &
             UPID[$t]=$!
-            local i
-            for ((i = 0; i < 300; i++)); do
-                [[ $(findmnt -rn -M "$mnt" -o FSTYPE 2>/dev/null) == fuse* ]] && return 0
-                kill -0 "${UPID[$t]}" 2>/dev/null || break
-                sleep 0.1
-            done
+            wait_fuse_mount "$mnt" "${UPID[$t]}" && return 0
             tail -n 20 "$ULOG" >&2
             die "ubtrfs mount of $src on $mnt did not come up"
             ;;
@@ -247,6 +210,13 @@ snap() { # target
 }
 
 row() { python3 "$HELPER" row "$@" >>"$RAW"; }
+# A field of the last row written (`last_row wall_s`), or DEFAULT where
+# it has none (`last_row d_ucpu 0`).
+last_row() { # field [default]
+    python3 -c 'import json, sys
+r = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+print(r[sys.argv[2]] if len(sys.argv) < 4 else r.get(sys.argv[2], sys.argv[3]))' "$RAW" "$@"
+}
 
 # --- the helper: rows and the report -------------------------------------------
 cat >"$HELPER" <<'PYEOF'
@@ -630,7 +600,7 @@ if section_on 2; then
         after=$(snap "$t")
         ok=1; ((rc)) && ok=0
         row sec=seq wl=write1m tgt="$t" mib="$SEQ_MIB" ok=$ok err="fio_exit_$rc" --before "$before" --after "$after"
-        log "    $t write: $(awk -v m="$SEQ_MIB" -v s="$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().splitlines()[-1])["wall_s"])' "$RAW")" 'BEGIN { printf "%.0f MiB/s", m / s }')"
+        log "    $t write: $(awk -v m="$SEQ_MIB" -v s="$(last_row wall_s)" 'BEGIN { printf "%.0f MiB/s", m / s }')"
         do_umount "$t" || true
         do_mount "$t"
         drop_caches
@@ -640,7 +610,7 @@ if section_on 2; then
         after=$(snap "$t")
         ok=1; ((rc)) && ok=0
         row sec=seq wl=read1m tgt="$t" mib="$SEQ_MIB" ok=$ok err="fio_exit_$rc" --before "$before" --after "$after"
-        log "    $t read: $(awk -v m="$SEQ_MIB" -v s="$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().splitlines()[-1])["wall_s"])' "$RAW")" 'BEGIN { printf "%.0f MiB/s", m / s }')"
+        log "    $t read: $(awk -v m="$SEQ_MIB" -v s="$(last_row wall_s)" 'BEGIN { printf "%.0f MiB/s", m / s }')"
         do_umount "$t" || true
     done
 fi
@@ -720,8 +690,8 @@ EOF
         row sec=meta wl=extract tgt="$t" files="$tfiles" dirs="$tdirs" mb="$tmb" ok=$ok err="tar_exit_$rc" --before "$before" --after "$after"
         do_umount "$t" || crc=$?
         ok2=$ok; ((crc)) && ok2=0
-        ext_s=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().splitlines()[-1])["wall_s"])' "$RAW")
-        ucpu=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().splitlines()[-1]).get("d_ucpu", 0))' "$RAW")
+        ext_s=$(last_row wall_s)
+        ucpu=$(last_row d_ucpu 0)
         row sec=meta wl=extract+umount tgt="$t" ok=$ok2 err="last_commit_failed" wall_s="$(awk -v a="$ext_s" -v b="$UMOUNT_S" 'BEGIN { print a + b }')" d_ucpu="$ucpu"
         log "    $t: extract $ext_s s, unmount $UMOUNT_S s"
         if [[ $t == ubtrfs ]]; then
@@ -748,8 +718,8 @@ EOF
         row sec=meta wl=rm tgt="$t" ok=$ok err="rm_exit_$rc" --before "$before" --after "$after"
         do_umount "$t" || crc=$?
         ok2=$ok; ((crc)) && ok2=0
-        rm_s=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().splitlines()[-1])["wall_s"])' "$RAW")
-        ucpu=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().splitlines()[-1]).get("d_ucpu", 0))' "$RAW")
+        rm_s=$(last_row wall_s)
+        ucpu=$(last_row d_ucpu 0)
         row sec=meta wl=rm+umount tgt="$t" ok=$ok2 err="last_commit_failed" wall_s="$(awk -v a="$rm_s" -v b="$UMOUNT_S" 'BEGIN { print a + b }')" d_ucpu="$ucpu"
         log "    $t: rm -rf $rm_s s, unmount $UMOUNT_S s"
     done
@@ -789,16 +759,8 @@ fi
 elapsed=$((SECONDS - start))
 
 # --- report ----------------------------------------------------------------------------------
-commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
-dirty=$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo "+dirty" || true)
-mem=$(awk '/MemTotal/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo)
-cpu=$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)
-backing=$(df -T "$BENCH_DIR" | awk 'NR == 2 { print $2 " on " $1 }')
-dev=$(findmnt -no SOURCE --target "$BENCH_DIR" | sed 's|^/dev/||; s|\[.*||')
-disk=$(lsblk -ndo PKNAME "/dev/$dev" 2>/dev/null || true); disk=${disk:-$dev}
-rot=$(cat "/sys/block/$disk/queue/rotational" 2>/dev/null || echo '?')
-sched=$(sed -n 's/.*\[\(.*\)\].*/\1/p' "/sys/block/$disk/queue/scheduler" 2>/dev/null || echo '?')
-wcache=$(cat "/sys/block/$disk/queue/write_cache" 2>/dev/null || echo '?')
+host_facts
+disk_facts
 
 {
     echo "## Write benchmark ($name)"

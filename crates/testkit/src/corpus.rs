@@ -332,6 +332,66 @@ pub fn mkfs(devices: &[PathBuf], opts: &MkfsOptions, rootdir: Option<&Path>) -> 
     run(&mut cmd).with_context(|| format!("mkfs.btrfs {}", opts.label()))
 }
 
+/// A fresh sparse image file of `size` bytes at `img`, made by
+/// `mkfs.btrfs -q -f ARGS IMG`: the tool's defaults but for `args`, and no
+/// root needed (nothing is mounted).
+pub fn mkfs_file(img: &Path, size: u64, args: &[&str]) -> Result<()> {
+    crate::tmp::sparse_file(img, size)?;
+    run(command("mkfs.btrfs").args(["-q", "-f"]).args(args).arg(img))?;
+    Ok(())
+}
+
+/// `n` fresh sparse images `DIR/devI.img` of `size` bytes each, made into
+/// one filesystem by `mkfs.btrfs -q -f ARGS`; the kernel then mounts it on
+/// `DIR/mnt` and writes `files` (absolute path, content) into it. Needs
+/// root.
+pub fn mkfs_devices_with_files(
+    dir: &Path,
+    n: usize,
+    size: u64,
+    args: &[&str],
+    files: &[(String, Vec<u8>)],
+) -> Result<Vec<PathBuf>> {
+    let imgs: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("dev{i}.img"))).collect();
+    for img in &imgs {
+        crate::tmp::sparse_file(img, size)?;
+    }
+    run(command("mkfs.btrfs")
+        .args(["-q", "-f"])
+        .args(args)
+        .args(&imgs))?;
+    let mnt = dir.join("mnt");
+    let m = Mount::new(&imgs, &mnt, "").context("the kernel mounts the fresh filesystem")?;
+    for (path, data) in files {
+        let p = mnt.join(path.trim_start_matches('/'));
+        if let Some(parent) = p.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("mkdir {}", parent.display()))?;
+        }
+        std::fs::write(&p, data).with_context(|| format!("write {}", p.display()))?;
+    }
+    m.unmount()?;
+    Ok(imgs)
+}
+
+/// `btrfs check --readonly [ARGS] IMG` of a single-device image file: an
+/// error, with all it printed, unless it exits 0 saying "no error found".
+pub fn btrfs_check_file(img: &Path, args: &[&str]) -> Result<()> {
+    let out = command("btrfs")
+        .args(["check", "--readonly"])
+        .args(args)
+        .arg(img)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .context("run btrfs check")?;
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    if !(out.status.success() && text.contains("no error found")) {
+        bail!("btrfs check {} ({}):\n{text}", img.display(), out.status);
+    }
+    Ok(())
+}
+
 fn device_paths(out_dir: &Path, n: usize) -> Vec<PathBuf> {
     (0..n)
         .map(|i| out_dir.join(format!("disk{i}.img")))

@@ -96,13 +96,37 @@ impl UbtrfsMount {
 
     /// [`UbtrfsMount::unmount`] for a child asked to log (`-v`): what it
     /// printed is returned, not an error.
-    pub fn unmount_verbose(mut self) -> Result<String> {
-        let out = Command::new("fusermount3")
-            .arg("-u")
-            .arg(&self.mnt)
-            .stdin(Stdio::null())
-            .output()
-            .context("run fusermount3")?;
+    pub fn unmount_verbose(self) -> Result<String> {
+        let mnt = self.mnt.clone();
+        let (status, err) = self.unmount_status()?;
+        if !status.success() {
+            bail!("ubtrfs mount exited with {status} after fusermount3 -u:\n{err}");
+        }
+        if is_mount_point(&mnt) {
+            bail!("{} still mounted", mnt.display());
+        }
+        Ok(err)
+    }
+
+    /// `fusermount3 -u`, then wait for the child to exit: its exit status
+    /// and what it printed on stderr, whatever they are.
+    pub fn unmount_status(self) -> Result<(ExitStatus, String)> {
+        // Files just closed may still pin the mount until the server has
+        // answered their (asynchronous) RELEASE: "busy" is retried briefly.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let out = loop {
+            let out = Command::new("fusermount3")
+                .arg("-u")
+                .arg(&self.mnt)
+                .stdin(Stdio::null())
+                .output()
+                .context("run fusermount3")?;
+            let busy = String::from_utf8_lossy(&out.stderr).contains("busy");
+            if out.status.success() || !busy || Instant::now() > deadline {
+                break out;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
         if !out.status.success() {
             bail!(
                 "fusermount3 -u {}: {}",
@@ -110,35 +134,54 @@ impl UbtrfsMount {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        let status = self.wait()?;
-        let err = self.stderr_text();
-        if !status.success() {
-            bail!("ubtrfs mount exited with {status} after fusermount3 -u:\n{err}");
-        }
-        if is_mount_point(&self.mnt) {
-            bail!("{} still mounted", self.mnt.display());
-        }
-        Ok(err)
+        self.wait_exit()
     }
 
-    fn wait(&mut self) -> Result<ExitStatus> {
+    /// Send `sig` to the child, without waiting for it.
+    pub fn send_signal(&self, sig: libc::c_int) -> Result<()> {
+        let pid = self.pid().context("no child")?;
+        // SAFETY: signalling our own child, which has not been reaped.
+        if unsafe { libc::kill(pid as libc::pid_t, sig) } != 0 {
+            bail!("kill({pid}, {sig}): {}", std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Whether the child has exited, without waiting: its status if so.
+    pub fn try_wait(&mut self) -> Result<Option<ExitStatus>> {
+        Ok(self.child.as_mut().context("no child")?.try_wait()?)
+    }
+
+    /// Wait for the child to exit by itself (after an unmount or a
+    /// signal): its exit status and what it printed on stderr. Still
+    /// running after the timeout, it is killed and the mount detached.
+    pub fn wait_exit(mut self) -> Result<(ExitStatus, String)> {
         let mut child = self.child.take().context("no child")?;
         let deadline = Instant::now() + TIMEOUT;
         loop {
             if let Some(s) = child.try_wait()? {
-                return Ok(s);
+                return Ok((s, self.stderr_text()));
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
                 let _ = child.wait();
                 detach(&self.mnt);
                 bail!(
-                    "ubtrfs mount still running {TIMEOUT:?} after the unmount:\n{}",
+                    "ubtrfs mount still running after {TIMEOUT:?}:\n{}",
                     self.stderr_text()
                 );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// SIGKILL the child and reap it: its status. The dead mount stays
+    /// attached (requests on it fail with `ENOTCONN`) until
+    /// [`UbtrfsMount::kill`] or the drop detaches it.
+    pub fn sigkill(&mut self) -> Result<ExitStatus> {
+        let mut child = self.child.take().context("no child")?;
+        child.kill()?;
+        Ok(child.wait()?)
     }
 
     /// Kill the child (SIGKILL) and detach the dead mount: every request
@@ -154,14 +197,15 @@ impl UbtrfsMount {
 
 impl Drop for UbtrfsMount {
     fn drop(&mut self) {
-        if self.child.is_some() {
+        // A killed child may have left its dead mount attached.
+        if self.child.is_some() || is_mount_point(&self.mnt) {
             self.kill();
         }
     }
 }
 
 /// Lazily detach whatever is mounted on `mnt` (a dead FUSE mount too).
-fn detach(mnt: &Path) {
+pub fn detach(mnt: &Path) {
     let _ = Command::new("fusermount3")
         .args(["-u", "-z"])
         .arg(mnt)

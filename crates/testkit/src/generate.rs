@@ -71,6 +71,20 @@ impl Rng {
     }
 }
 
+/// Deterministic bytes, `len` of them: a xorshift stream seeded with
+/// `seed` (cheap, and a different stream from [`Rng`]'s).
+pub fn xorshift_bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 /// Deterministic compressible data: text-like lines with a little
 /// variation, `n` bytes, derived from `seed`.
 pub fn compressible_bytes(seed: u64, n: usize) -> Vec<u8> {

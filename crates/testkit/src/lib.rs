@@ -37,6 +37,7 @@ pub mod corpus;
 pub mod fuse_mount;
 pub mod generate;
 mod loopdev;
+pub mod model;
 mod mount;
 pub mod populate;
 pub mod scratch_fs;
@@ -50,10 +51,10 @@ pub use cmd::{
 pub use compare::{CompareOptions, compare_trees, compare_trees_with};
 pub use corpus::{
     Compression, Csum, Image, KernelCorpus, KernelImageOptions, MkfsOptions, Profile, btrfs_check,
-    cached_kernel_image, cached_rootdir_image, copy_image, kernel_image, mkfs, mkfs_rootdir_image,
-    mkfs_version,
+    btrfs_check_file, cached_kernel_image, cached_rootdir_image, copy_image, kernel_image, mkfs,
+    mkfs_devices_with_files, mkfs_file, mkfs_rootdir_image, mkfs_version,
 };
-pub use generate::{GenSummary, Rng, TreeSpec, gen_tree};
+pub use generate::{GenSummary, Rng, TreeSpec, gen_tree, xorshift_bytes};
 pub use loopdev::Loop;
 pub use mount::{Mount, dmesg_tail, umount};
 pub use tmp::{TestDir, base_dir, is_mount_point, mounts_below, sparse_file, unmount_below};

@@ -30,12 +30,12 @@
 mod common;
 mod suites;
 
-use common::Tmpfs;
+use common::{Tmpfs, check_image, new_image, start_mount};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
-use suites::{CacheDropper, RwMount, check_image, drop_caches, new_image, tool};
+use suites::{CacheDropper, drop_caches, tool};
 use testkit::*;
 
 /// The fsx release scripts/test.sh installs.
@@ -278,7 +278,7 @@ fn stream(t: &TestDir, fsx: &Path, tmpfs: &Path, index: u64, mount_args: &[&str]
     fs::create_dir_all(&work).unwrap();
     let s = Stream { fsx, work, tmpfs };
     let img = new_image(t, &format!("{name}.img"), IMAGE_SIZE);
-    let m = RwMount::start(&img, &t.join(format!("{name}-mnt")), mount_args);
+    let m = start_mount(&img, &t.join(format!("{name}-mnt")), mount_args);
     let mut finals = Finals::new();
     let mut total = 0;
     for (i, run) in runs(index).iter().enumerate() {
@@ -306,7 +306,7 @@ fn stream(t: &TestDir, fsx: &Path, tmpfs: &Path, index: u64, mount_args: &[&str]
         assert_same_file("through the mount", m.path(), &file, &expected);
         finals.push((file, expected));
     }
-    m.unmount_cleanly();
+    m.unmount().expect("unmount ubtrfs cleanly");
     check_image(&img);
     let k = Mount::single(&img, &t.join(format!("{name}-kernel")), "ro").expect("kernel mount");
     for (file, expected) in &finals {

@@ -21,19 +21,18 @@
 
 mod common;
 
-use common::ubtrfs_bin;
+use common::start_mount;
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use testkit::*;
 
-const TIMEOUT: Duration = Duration::from_secs(30);
 const IMAGE_SIZE: u64 = 300 << 20;
 const DEFAULT_ROUNDS: u64 = 12;
 /// File and directory names the workload draws from (few, so that
@@ -593,84 +592,6 @@ fn check_image(img: &Path) {
     );
 }
 
-/// `ubtrfs mount -o commit=1 IMG MNT` as a child; dropping it kills the
-/// child and detaches the mount.
-struct RwMount {
-    child: Option<Child>,
-    mnt: PathBuf,
-    stderr: PathBuf,
-}
-
-impl RwMount {
-    fn start(img: &Path, mnt: &Path) -> RwMount {
-        fs::create_dir_all(mnt).unwrap();
-        let mnt = mnt.canonicalize().unwrap();
-        let stderr = mnt.with_extension("stderr");
-        let child = Command::new(ubtrfs_bin())
-            .args(["mount", "-o", "commit=1"])
-            .arg(img)
-            .arg(&mnt)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(&stderr).unwrap())
-            .spawn()
-            .expect("start ubtrfs mount");
-        let mut m = RwMount {
-            child: Some(child),
-            mnt,
-            stderr,
-        };
-        let deadline = Instant::now() + TIMEOUT;
-        while !is_mount_point(&m.mnt) {
-            if let Some(status) = m.child.as_mut().unwrap().try_wait().unwrap() {
-                m.child = None;
-                panic!(
-                    "ubtrfs mount exited ({status}) before the mount appeared:\n{}",
-                    fs::read_to_string(&m.stderr).unwrap_or_default()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} not mounted after {TIMEOUT:?}",
-                m.mnt.display()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        m
-    }
-
-    /// SIGKILL and wait for the process; the dead mount stays attached
-    /// (operations on it fail with ENOTCONN) until [`detach`].
-    fn kill(&mut self) {
-        let mut child = self.child.take().unwrap();
-        // SAFETY: signalling our own child, which has not been reaped.
-        assert_eq!(
-            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGKILL) },
-            0
-        );
-        let status = child.wait().unwrap();
-        assert_eq!(status.code(), None, "killed by a signal: {status}");
-    }
-}
-
-impl Drop for RwMount {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        detach(&self.mnt);
-    }
-}
-
-fn detach(mnt: &Path) {
-    let _ = Command::new("fusermount3")
-        .args(["-u", "-z"])
-        .arg(mnt)
-        .stdin(Stdio::null())
-        .output();
-}
-
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| {
         let v = v.trim();
@@ -700,8 +621,8 @@ fn sigkill_at_random_moments() {
     let mut tree = Tree::new();
     for round in 0..rounds {
         let ctx = format!("round {round} (UBTRFS_KILL_SEED={seed:#x})");
-        let mut mount = RwMount::start(&img, &t.join("fuse"));
-        let mnt = mount.mnt.clone();
+        let mut mount = start_mount(&img, &t.join("fuse"), &["-o", "commit=1"]);
+        let mnt = mount.path().to_path_buf();
         let killed = Arc::new(AtomicBool::new(false));
         let mut wrng = Rng::new(rng.next_u64());
         let mut model = Model::new(std::mem::take(&mut tree));
@@ -713,7 +634,10 @@ fn sigkill_at_random_moments() {
         let delay = Duration::from_millis(rng.range(0, 1500));
         std::thread::sleep(delay);
         killed.store(true, Ordering::SeqCst);
-        mount.kill();
+        // The dead mount stays attached (operations on it fail with
+        // ENOTCONN) until the drop below detaches it.
+        let status = mount.sigkill().expect("SIGKILL ubtrfs mount");
+        assert_eq!(status.code(), None, "killed by a signal: {status}");
         // The worker stops at its first error on the dead mount; only then
         // is the mount point detached (its operations would otherwise go
         // to the directory beneath).

@@ -53,6 +53,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use testkit::fuse_mount::UbtrfsMount;
+use testkit::model::{content, cpath, io_errno, join};
 use testkit::scratch_fs::ScratchExt4;
 use testkit::snapshot::{Snapshot, diff_same_filesystem, diff_snapshots};
 use testkit::{CompareOptions, Mount, Rng, TestDir, run};
@@ -339,41 +340,11 @@ fn show(o: &Outcome) -> String {
     }
 }
 
-/// Deterministic content for a write, with runs of zeros now and then.
-fn content(seed: u64, len: usize) -> Vec<u8> {
-    let mut r = Rng::new(seed);
-    let mut out = Vec::with_capacity(len + 64);
-    while out.len() < len {
-        let w = r.next_u64();
-        if w.is_multiple_of(23) {
-            out.extend_from_slice(&[0u8; 64]);
-        } else {
-            out.extend_from_slice(&w.to_le_bytes());
-        }
-    }
-    out.truncate(len);
-    out
-}
-
 // ---------------------------------------------------------------------
 // Applying an operation to one side
 
-fn cpath(p: &Path) -> CString {
-    CString::new(p.as_os_str().as_bytes()).unwrap()
-}
-
-fn errno() -> i32 {
-    std::io::Error::last_os_error()
-        .raw_os_error()
-        .unwrap_or(libc::EIO)
-}
-
-fn io_errno(e: std::io::Error) -> i32 {
-    e.raw_os_error().unwrap_or(libc::EIO)
-}
-
 fn rc(r: libc::c_int) -> Outcome {
-    if r == 0 { Ok(Val::Unit) } else { Err(errno()) }
+    testkit::model::rc(r).map(|()| Val::Unit)
 }
 
 fn timespec(t: Time) -> libc::timespec {
@@ -760,14 +731,6 @@ impl Known {
 }
 
 const NAMES: &[&str] = &["a", "b", "c", "d", "e", "f", "g", "h", "k2", "m3", "n.x"];
-
-fn join(dir: &str, name: &str) -> String {
-    if dir.is_empty() {
-        name.to_string()
-    } else {
-        format!("{dir}/{name}")
-    }
-}
 
 fn new_name(r: &mut Rng) -> String {
     match r.below(100) {

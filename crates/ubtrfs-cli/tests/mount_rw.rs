@@ -27,13 +27,14 @@
 
 mod common;
 
-use common::{FuseMount, Tmpfs, assert_same_view, ubtrfs_bin};
+use common::{FuseMount, Tmpfs, assert_same_view, check_image, start_mount, ubtrfs_bin};
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
+use testkit::fuse_mount::{self, UbtrfsMount};
 use testkit::sys::{self, NodeKind, falloc};
 use testkit::*;
 
@@ -47,158 +48,55 @@ const NO_TIMER: [&str; 2] = ["-o", "commit=300"];
 
 /// A fresh single-device image made by `mkfs.btrfs` with its defaults.
 fn new_image(t: &TestDir) -> PathBuf {
-    let img = t.join("disk.img");
-    let opts = MkfsOptions {
-        device_size: IMAGE_SIZE,
-        ..MkfsOptions::default()
-    };
-    mkfs(std::slice::from_ref(&img), &opts, None).expect("mkfs.btrfs");
-    img
+    common::new_image(t, "disk.img", IMAGE_SIZE)
 }
 
 /// `ubtrfs mount [ARGS] DEV MNT` running in the foreground as a child
-/// process, stderr to `MNT.stderr`. Dropping it without one of the ways
-/// of ending it (a failed test) detaches the mount and kills the child.
-struct RwMount {
-    child: Option<Child>,
-    mnt: PathBuf,
-    stderr: PathBuf,
-}
+/// process (testkit's [`UbtrfsMount`]), with this file's ways of ending it,
+/// which panic on failure.
+struct RwMount(UbtrfsMount);
 
 impl RwMount {
     /// Start the child and wait until `mnt` is a mount point.
     fn start(dev: &Path, mnt: &Path, args: &[&str]) -> RwMount {
-        fs::create_dir_all(mnt).unwrap();
-        let mnt = mnt.canonicalize().unwrap();
-        let stderr = mnt.with_extension("stderr");
-        let child = Command::new(ubtrfs_bin())
-            .arg("mount")
-            .args(args)
-            .arg(dev)
-            .arg(&mnt)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(&stderr).unwrap())
-            .spawn()
-            .expect("start ubtrfs mount");
-        let mut m = RwMount {
-            child: Some(child),
-            mnt,
-            stderr,
-        };
-        let deadline = Instant::now() + TIMEOUT;
-        while !is_mount_point(&m.mnt) {
-            if let Some(status) = m.child.as_mut().unwrap().try_wait().unwrap() {
-                m.child = None;
-                panic!(
-                    "ubtrfs mount exited ({status}) before the mount appeared:\n{}",
-                    m.stderr_text()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} not mounted after {TIMEOUT:?}:\n{}",
-                m.mnt.display(),
-                m.stderr_text()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        m
+        RwMount(start_mount(dev, mnt, args))
     }
 
     fn path(&self) -> &Path {
-        &self.mnt
-    }
-
-    fn stderr_text(&self) -> String {
-        fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
-    fn pid(&self) -> libc::pid_t {
-        self.child.as_ref().unwrap().id() as libc::pid_t
+        self.0.path()
     }
 
     /// Wait for the child to exit by itself; returns its status and stderr.
-    fn wait(mut self) -> (ExitStatus, String) {
-        let mut child = self.child.take().unwrap();
-        let deadline = Instant::now() + TIMEOUT;
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "ubtrfs mount still running after {TIMEOUT:?}:\n{}",
-                    self.stderr_text()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        (status, self.stderr_text())
+    fn wait(self) -> (ExitStatus, String) {
+        self.0.wait_exit().unwrap_or_else(|e| panic!("{e:#}"))
     }
 
     /// Send `sig` and wait for the child to exit.
     fn signal(self, sig: libc::c_int) -> (ExitStatus, String) {
-        // SAFETY: signalling our own child, which has not been reaped.
-        assert_eq!(unsafe { libc::kill(self.pid(), sig) }, 0);
+        self.0.send_signal(sig).unwrap();
         self.wait()
     }
 
     /// `fusermount3 -u` and wait for the child to exit.
     fn unmount(self) -> (ExitStatus, String) {
-        let out = Command::new("fusermount3")
-            .arg("-u")
-            .arg(&self.mnt)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run fusermount3");
-        assert!(
-            out.status.success(),
-            "fusermount3 -u {}: {}",
-            self.mnt.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        self.wait()
+        self.0.unmount_status().unwrap_or_else(|e| panic!("{e:#}"))
     }
 
     /// Unmount, and assert that the child exits 0, printing nothing, and
     /// that the mount is gone.
     fn unmount_cleanly(self) {
-        let mnt = self.mnt.clone();
+        let mnt = self.path().to_path_buf();
         let (status, err) = self.unmount();
         assert_clean_exit("fusermount3 -u", &mnt, status, &err);
     }
 
     /// SIGKILL: the process dies without a last commit; the dead mount is
     /// detached.
-    fn kill(self) {
-        let mnt = self.mnt.clone();
-        let (status, _) = self.signal(libc::SIGKILL);
+    fn kill(mut self) {
+        let status = self.0.sigkill().unwrap();
         assert_eq!(status.code(), None, "killed by a signal");
-        detach(&mnt);
+        self.0.kill();
     }
-}
-
-impl Drop for RwMount {
-    fn drop(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        let _ = child.kill();
-        let _ = child.wait();
-        detach(&self.mnt);
-    }
-}
-
-/// Lazily detach whatever is mounted on `mnt` (a dead FUSE mount too).
-fn detach(mnt: &Path) {
-    let _ = Command::new("fusermount3")
-        .args(["-u", "-z"])
-        .arg(mnt)
-        .stdin(Stdio::null())
-        .output();
 }
 
 fn assert_clean_exit(how: &str, mnt: &Path, status: ExitStatus, err: &str) {
@@ -211,13 +109,6 @@ fn assert_clean_exit(how: &str, mnt: &Path, status: ExitStatus, err: &str) {
         "ubtrfs mount printed on stderr after {how}:\n{err}"
     );
     assert!(!is_mount_point(mnt), "{} still mounted", mnt.display());
-}
-
-/// `btrfs check --readonly` of a single-device image must find no error.
-fn check_image(img: &Path) {
-    if let Err(e) = run(command("btrfs").args(["check", "--readonly"]).arg(img)) {
-        panic!("btrfs check {}: {e:#}", img.display());
-    }
 }
 
 /// The generation (last committed transaction) in the primary superblock
@@ -707,8 +598,7 @@ fn second_signal_commits_a_busy_mount() {
         .current_dir(&mnt)
         .spawn()
         .unwrap();
-    // SAFETY: signalling our own child, which has not been reaped.
-    assert_eq!(unsafe { libc::kill(m.pid(), libc::SIGTERM) }, 0);
+    m.0.send_signal(libc::SIGTERM).unwrap();
     let deadline = Instant::now() + TIMEOUT;
     while is_mount_point(&mnt) {
         assert!(Instant::now() < deadline, "not detached after SIGTERM");
@@ -717,7 +607,7 @@ fn second_signal_commits_a_busy_mount() {
     // Still serving the detached mount.
     std::thread::sleep(Duration::from_millis(200));
     assert!(
-        m.child.as_mut().unwrap().try_wait().unwrap().is_none(),
+        m.0.try_wait().unwrap().is_none(),
         "the mount process exited after the first signal on a busy mount"
     );
     let (status, err) = m.signal(libc::SIGTERM);
@@ -1138,25 +1028,25 @@ impl RwMount {
     /// `ubtrfs umount`: it must succeed, printing nothing, and return only
     /// once this process has exited, cleanly.
     fn umount_command(mut self) {
+        let mnt = self.path().to_path_buf();
         let out = Command::new(ubtrfs_bin())
             .arg("umount")
-            .arg(&self.mnt)
+            .arg(&mnt)
             .stdin(Stdio::null())
             .output()
             .unwrap();
         assert!(
             out.status.success() && out.stderr.is_empty(),
             "ubtrfs umount {}: {}\n{}",
-            self.mnt.display(),
+            mnt.display(),
             out.status,
             String::from_utf8_lossy(&out.stderr)
         );
-        let exited = self.child.as_mut().unwrap().try_wait().unwrap();
+        let exited = self.0.try_wait().unwrap();
         assert!(
             exited.is_some(),
             "ubtrfs umount returned before the mount process exited"
         );
-        let mnt = self.mnt.clone();
         let (status, err) = self.wait();
         assert_clean_exit("ubtrfs umount", &mnt, status, &err);
     }
@@ -1174,7 +1064,7 @@ fn writeback_cache() {
     let m = RwMount::start(&img, &t.join("fuse"), &NO_TIMER);
     let p = |n: &str| m.path().join(n);
     let i = server_info(m.path());
-    assert_eq!(i[info::PID], m.pid() as u64);
+    assert_eq!(i[info::PID], u64::from(m.0.pid().unwrap()));
     let want = info::FLAG_WRITEBACK_CACHE | info::FLAG_KILLPRIV_V2 | info::FLAG_READ_WRITE;
     assert_eq!(i[info::FLAGS] & want, want, "flags {:#x}", i[info::FLAGS]);
     let mut model: Vec<(&str, Vec<u8>)> = Vec::new();
@@ -1450,7 +1340,7 @@ fn mount_fails(dev: &Path, mnt: &Path, opts: &str) -> String {
         .output()
         .unwrap();
     if out.status.success() {
-        detach(mnt);
+        fuse_mount::detach(mnt);
         panic!("mount -o {opts} succeeded");
     }
     String::from_utf8_lossy(&out.stderr).into_owned()
@@ -1632,9 +1522,7 @@ fn umount_command() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not mounted"));
     // A mount whose process was killed: unmounted, with a warning.
     let mut m = RwMount::start(&img, &mnt, &NO_TIMER);
-    let child = m.child.as_mut().unwrap();
-    child.kill().unwrap();
-    child.wait().unwrap();
+    m.0.sigkill().unwrap();
     let out = umount(&mnt);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");

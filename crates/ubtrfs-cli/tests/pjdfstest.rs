@@ -20,14 +20,14 @@
 mod common;
 mod suites;
 
-use common::Tmpfs;
+use common::{Tmpfs, check_image, new_image, start_mount};
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use suites::{RwMount, check_image, new_image, tool};
+use suites::tool;
 use testkit::*;
 
 /// The pjdfstest release scripts/test.sh installs.
@@ -291,9 +291,9 @@ fn pjdfstest_kernel_and_ubtrfs() {
     // ubtrfs through FUSE, with what a kernel mount has by default:
     // device nodes and set-user-ID bits honoured; other users let in.
     let img = new_image(&t, "ubtrfs.img", IMAGE_SIZE);
-    let m = RwMount::start(&img, &t.join("ubtrfs"), &["-o", "allow_other,dev,suid"]);
+    let m = start_mount(&img, &t.join("ubtrfs"), &["-o", "allow_other,dev,suid"]);
     let ubtrfs_results = setup.suite("ubtrfs", m.path());
-    m.unmount_cleanly();
+    m.unmount().expect("unmount ubtrfs cleanly");
     check_image(&img);
 
     // The oracle must have said something.

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use testkit::Mount;
+use testkit::xorshift_bytes as bytes;
 use ubtrfs::Error;
 use ubtrfs::format::consts::{EXTENT_DATA_KEY, FS_TREE_OBJECTID};
 use ubtrfs::format::items::{ExtentBody, FileExtentItem};
@@ -27,19 +27,6 @@ const SECTOR: u64 = 4096;
 
 // ---------------------------------------------------------------------------
 // Generated trees and what they must read back as.
-
-/// Deterministic bytes: a xorshift stream seeded per file.
-fn bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 /// What one path must read back as.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -185,22 +172,8 @@ fn single_image(dir: &Path, meta: &str, data: &str, size: u64) -> (PathBuf, Expe
 /// An `n`-device filesystem with the given profiles holding `multi_files`,
 /// written by the kernel.
 fn multi_image(dir: &Path, n: usize, meta: &str, data: &str) -> Vec<PathBuf> {
-    let imgs: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("dev{i}.img"))).collect();
-    for img in &imgs {
-        sparse_file(img, 256 * MIB);
-    }
-    run(Command::new("mkfs.btrfs")
-        .args(["-q", "-f", "-n", "4096", "-m", meta, "-d", data])
-        .args(&imgs));
-    let mnt = dir.join("mnt");
-    let m = Mount::new(&imgs, &mnt, "").expect("the kernel mounts the fresh filesystem");
-    for (path, data) in multi_files() {
-        let p = mnt.join(path.trim_start_matches('/'));
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(&p, &data).unwrap();
-    }
-    m.unmount().expect("unmount");
-    imgs
+    let args = ["-n", "4096", "-m", meta, "-d", data];
+    testkit::mkfs_devices_with_files(dir, n, 256 * MIB, &args, &multi_files()).unwrap()
 }
 
 // ---------------------------------------------------------------------------

@@ -6,7 +6,6 @@
 //! whose superblock reached the disk.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use ubtrfs::device::recording::{Op, replay};
@@ -35,39 +34,11 @@ fn walk(fs: &Filesystem, dir: InodeId, prefix: &str, out: &mut State) {
     }
 }
 
-fn check(img: &Path) {
-    let out = Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(img)
-        .output()
-        .expect("btrfs check runs");
-    let text =
-        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && text.contains("no error found"),
-        "{}: {text}",
-        img.display()
-    );
-}
-
 #[test]
 fn every_cut_shows_the_last_commit() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("base.img");
-    std::fs::File::create(&img)
-        .unwrap()
-        .set_len(160 << 20)
-        .unwrap();
-    let out = Command::new("mkfs.btrfs")
-        .args(["-q", "-f"])
-        .arg(&img)
-        .output()
-        .expect("mkfs.btrfs runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    testkit::mkfs_file(&img, 160 << 20, &[]).unwrap();
     let base = std::fs::read(&img).unwrap();
 
     let rec = Arc::new(RecordingDevice::new(Arc::new(MemDevice::new(
@@ -171,7 +142,7 @@ fn every_cut_shows_the_last_commit() {
         let extra_ops: Vec<Op> = extra.iter().map(|&j| log[j].clone()).collect();
         replay(&mut image, &extra_ops);
         std::fs::write(&work, &image).unwrap();
-        check(&work);
+        testkit::btrfs_check_file(&work, &[]).unwrap();
         let fs = Filesystem::open(&[&work]).unwrap();
         let k = (fs.superblock().generation - base_gen) as usize;
         assert!(k < states.len(), "generation beyond the workload");

@@ -4,44 +4,13 @@
 //! verifies every sector) and pass `btrfs check --check-data-csum`.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use ubtrfs::data::ordered::CsumMode;
 use ubtrfs::fs::{Filesystem, NewInode};
 
 fn mkfs(dir: &Path, csum: &str) -> PathBuf {
     let img = dir.join(format!("{csum}.img"));
-    std::fs::File::create(&img)
-        .unwrap()
-        .set_len(256 << 20)
-        .unwrap();
-    let out = Command::new("mkfs.btrfs")
-        .args(["-q", "-f", "--csum", csum])
-        .arg(&img)
-        .output()
-        .expect("mkfs.btrfs runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    testkit::mkfs_file(&img, 256 << 20, &["--csum", csum]).unwrap();
     img
-}
-
-fn check_data(img: &Path) {
-    let out = Command::new("btrfs")
-        .args(["check", "--readonly", "--check-data-csum"])
-        .arg(img)
-        .output()
-        .expect("btrfs check runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && text.contains("no error found"),
-        "btrfs check:\n{text}"
-    );
 }
 
 fn file() -> NewInode {
@@ -110,7 +79,7 @@ fn every_mode_writes_checksums_the_kernel_tools_accept() {
                 );
             }
             drop(fs);
-            check_data(&img);
+            testkit::btrfs_check_file(&img, &["--check-data-csum"]).unwrap();
             std::fs::remove_file(&img).unwrap();
         }
     }

@@ -35,6 +35,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use testkit::Mount;
+use testkit::model::{content, cpath, io_errno, join, last_errno, rc};
 use ubtrfs::data::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
 use ubtrfs::format::items::Timespec;
 use ubtrfs::fs::{
@@ -93,16 +94,17 @@ impl Drop for Scratch {
 // ---------------------------------------------------------------------
 // Randomness
 
-/// splitmix64: small, fast, reproducible.
-struct Rng(u64);
+/// testkit's splitmix64, with the helpers this generator wants (which
+/// accept empty ranges and slices).
+struct Rng(testkit::Rng);
 
 impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(testkit::Rng::new(seed))
+    }
+
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in `[0, n)` (0 when `n` is 0).
@@ -127,23 +129,6 @@ impl Rng {
             Some(&v[self.below(v.len() as u64) as usize])
         }
     }
-}
-
-/// Deterministic content for a write.
-fn content(seed: u64, len: usize) -> Vec<u8> {
-    let mut r = Rng(seed);
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        // Runs of zeros now and then, so zero detection is exercised.
-        let w = r.next();
-        if w.is_multiple_of(23) {
-            out.extend_from_slice(&[0u8; 64]);
-        } else {
-            out.extend_from_slice(&w.to_le_bytes());
-        }
-    }
-    out.truncate(len);
-    out
 }
 
 // ---------------------------------------------------------------------
@@ -257,24 +242,6 @@ fn show(o: &Outcome) -> String {
 
 // ---------------------------------------------------------------------
 // The host side (the model)
-
-fn cpath(p: &Path) -> CString {
-    CString::new(p.as_os_str().as_bytes()).unwrap()
-}
-
-fn last_errno() -> i32 {
-    std::io::Error::last_os_error()
-        .raw_os_error()
-        .unwrap_or(libc::EIO)
-}
-
-fn io_errno(e: std::io::Error) -> i32 {
-    e.raw_os_error().unwrap_or(libc::EIO)
-}
-
-fn rc(r: libc::c_int) -> Outcome {
-    if r == 0 { Ok(()) } else { Err(last_errno()) }
-}
 
 fn host_open(p: &Path) -> Result<fs::File, i32> {
     OpenOptions::new()
@@ -818,14 +785,6 @@ impl Known {
 
 const NAMES: &[&str] = &["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k2", "m3"];
 
-fn join(dir: &str, name: &str) -> String {
-    if dir.is_empty() {
-        name.to_string()
-    } else {
-        format!("{dir}/{name}")
-    }
-}
-
 fn new_name(r: &mut Rng) -> String {
     if r.chance(12) {
         // Long names fill leaves quickly (deep trees with 4 KiB nodes).
@@ -1281,7 +1240,7 @@ fn run_config(c: &Config) {
         log: Vec::new(),
     };
     let mut fs = Some(open_read_write(&imgs).expect("open read-write"));
-    let mut r = Rng(c.seed);
+    let mut r = Rng::new(c.seed);
     let mut known = Known::scan(&model);
     let mut counts: BTreeMap<&'static str, [u32; 2]> = BTreeMap::new();
     let check_every_commit = std::env::var("UBTRFS_MODEL_CHECK").is_ok();

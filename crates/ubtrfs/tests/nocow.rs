@@ -2,27 +2,13 @@
 //! extents. Both stay consistent for `btrfs check`.
 
 use std::path::PathBuf;
-use std::process::Command;
 use ubtrfs::format::consts::{EXTENT_DATA_KEY, INODE_NODATACOW, INODE_NODATASUM};
 use ubtrfs::format::items::{ExtentBody, FileExtentItem};
 use ubtrfs::fs::{Filesystem, InodeId, NewInode};
 
 fn image(dir: &std::path::Path) -> PathBuf {
     let img = dir.join("d.img");
-    std::fs::File::create(&img)
-        .unwrap()
-        .set_len(300 << 20)
-        .unwrap();
-    let out = Command::new("mkfs.btrfs")
-        .args(["-q", "-f"])
-        .arg(&img)
-        .output()
-        .expect("mkfs.btrfs runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    testkit::mkfs_file(&img, 300 << 20, &[]).unwrap();
     img
 }
 
@@ -45,20 +31,6 @@ fn extents(fs: &Filesystem, id: InodeId) -> Vec<(u64, u64)> {
             }
         })
         .collect()
-}
-
-fn check(img: &PathBuf) {
-    let out = Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(img)
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && text.contains("no error found"),
-        "{text}"
-    );
 }
 
 #[test]
@@ -99,7 +71,7 @@ fn nocow_overwrites_in_place_and_cow_moves() {
     assert_eq!(fs.read_all(nc).unwrap(), data);
     assert_eq!(fs.read_all(cw).unwrap(), data);
     drop(fs);
-    check(&img);
+    testkit::btrfs_check_file(&img, &[]).unwrap();
     let fs = Filesystem::open(&[&img]).unwrap();
     assert_eq!(
         fs.read_all(fs.resolve_path(b"/nocow").unwrap()).unwrap(),

@@ -2,21 +2,8 @@
 //! library reads it back, byte for byte, through lookups and ranged reads.
 
 use std::path::{Path, PathBuf};
-use testkit::Mount;
+use testkit::xorshift_bytes as bytes;
 use ubtrfs::fs::{FileKind, Filesystem};
-
-/// Deterministic bytes: a xorshift stream seeded per file.
-fn bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 /// The files every image gets: (path, content).
 fn files() -> Vec<(String, Vec<u8>)> {
@@ -33,32 +20,8 @@ fn files() -> Vec<(String, Vec<u8>)> {
 }
 
 fn make_image(dir: &Path, profile: &str, meta: &str, ndev: usize) -> Vec<PathBuf> {
-    let imgs: Vec<PathBuf> = (0..ndev).map(|i| dir.join(format!("dev{i}.img"))).collect();
-    for img in &imgs {
-        std::fs::File::create(img)
-            .unwrap()
-            .set_len(320 << 20)
-            .unwrap();
-    }
-    let out = std::process::Command::new("mkfs.btrfs")
-        .args(["-q", "-f", "-d", profile, "-m", meta])
-        .args(&imgs)
-        .output()
-        .expect("mkfs.btrfs runs");
-    assert!(
-        out.status.success(),
-        "mkfs.btrfs: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mnt = dir.join("mnt");
-    let m = Mount::new(&imgs, &mnt, "").expect("kernel mounts the fresh filesystem");
-    for (path, data) in files() {
-        let p = mnt.join(path.trim_start_matches('/'));
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(&p, &data).unwrap();
-    }
-    m.unmount().expect("unmount");
-    imgs
+    let args = ["-d", profile, "-m", meta];
+    testkit::mkfs_devices_with_files(dir, ndev, 320 << 20, &args, &files()).unwrap()
 }
 
 fn check(profile: &str, meta: &str, ndev: usize) {

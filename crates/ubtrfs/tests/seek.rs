@@ -9,20 +9,7 @@ fn data_and_holes() {
     for features in ["no-holes", "^no-holes"] {
         let dir = tempfile::tempdir().unwrap();
         let img = dir.path().join("d.img");
-        std::fs::File::create(&img)
-            .unwrap()
-            .set_len(300 << 20)
-            .unwrap();
-        let out = Command::new("mkfs.btrfs")
-            .args(["-q", "-f", "-O", features])
-            .arg(&img)
-            .output()
-            .expect("mkfs.btrfs runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        testkit::mkfs_file(&img, 300 << 20, &["-O", features]).unwrap();
         let fs = Filesystem::open_read_write(&[&img]).unwrap();
         let id = fs
             .create(

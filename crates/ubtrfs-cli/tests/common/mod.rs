@@ -5,11 +5,10 @@
 #![allow(dead_code)]
 
 use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
-use testkit::{CompareOptions, compare_trees_with};
+use std::process::{Command, Output, Stdio};
+use testkit::fuse_mount::UbtrfsMount;
+use testkit::{CompareOptions, MkfsOptions, TestDir, command, compare_trees_with, mkfs, run};
 
 /// The `ubtrfs` binary under test.
 pub fn ubtrfs_bin() -> &'static str {
@@ -226,172 +225,58 @@ pub fn assert_same_blocks_and_dtypes(what: &str, expected: &Path, actual: &Path)
     }
 }
 
-/// Whether `/proc/mounts` lists a FUSE mount on `mnt`.
-fn fuse_mounted_at(mnt: &Path) -> bool {
-    let mounts = std::fs::read("/proc/mounts").unwrap_or_default();
-    mounts.split(|&b| b == b'\n').any(|line| {
-        let mut f = line.split(|&b| b == b' ');
-        let (_src, point, fstype) = (f.next(), f.next(), f.next());
-        point.is_some_and(|p| unescape_mount_field(p) == mnt.as_os_str().as_bytes())
-            && fstype.is_some_and(|t| t.starts_with(b"fuse"))
-    })
+/// `ubtrfs mount [ARGS] DEV MNT` running in the foreground as a child
+/// process (see [`UbtrfsMount`]); panics if the mount does not appear.
+pub fn start_mount(dev: &Path, mnt: &Path, args: &[&str]) -> UbtrfsMount {
+    UbtrfsMount::start(Path::new(ubtrfs_bin()), &[dev], mnt, args)
+        .unwrap_or_else(|e| panic!("ubtrfs mount {}: {e:#}", dev.display()))
 }
-
-/// `/proc/mounts` writes space, tab, newline and backslash as `\ooo`.
-fn unescape_mount_field(b: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 4 <= b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push(
-                b[i + 1..i + 4]
-                    .iter()
-                    .fold(0u32, |a, c| a * 8 + u32::from(c - b'0')) as u8,
-            );
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    out
-}
-
-/// How long the FUSE mount may take to appear, and the child to exit after
-/// `fusermount3 -u`.
-const FUSE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// `ubtrfs mount --ro DEV... MNT` running in the foreground as a child
 /// process. [`FuseMount::unmount`] unmounts with `fusermount3 -u` and
 /// checks that the child exits 0; dropping it without that (a failed test)
-/// detaches the mount lazily and kills the child.
-pub struct FuseMount {
-    child: Option<Child>,
-    mnt: PathBuf,
-    stderr: PathBuf,
-}
+/// kills the child and detaches the mount.
+pub struct FuseMount(UbtrfsMount);
 
 impl FuseMount {
-    /// Start the child and wait until the mount is listed in
-    /// `/proc/mounts`. `mnt` is created if missing; its stderr goes to
-    /// `mnt` + `.stderr`.
+    /// Start the child and wait until the mount appears. `mnt` is created
+    /// if missing; its stderr goes to `mnt` + `.stderr`.
     pub fn new<P: AsRef<Path>>(devices: &[P], mnt: &Path) -> FuseMount {
-        std::fs::create_dir_all(mnt).unwrap();
-        let mnt = mnt.canonicalize().unwrap();
-        let stderr = mnt.with_extension("stderr");
-        let err_file = std::fs::File::create(&stderr).unwrap();
-        let child = Command::new(ubtrfs_bin())
-            .args(args_with_devices(
-                &["mount", "--ro"],
-                devices,
-                &[mnt.as_os_str()],
-            ))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(err_file)
-            .spawn()
-            .expect("start ubtrfs mount");
-        let mut m = FuseMount {
-            child: Some(child),
-            mnt,
-            stderr,
-        };
-        let deadline = Instant::now() + FUSE_TIMEOUT;
-        loop {
-            if fuse_mounted_at(&m.mnt) {
-                return m;
-            }
-            let status = m.child.as_mut().unwrap().try_wait().unwrap();
-            if let Some(status) = status {
-                m.child = None;
-                panic!(
-                    "ubtrfs mount exited ({status}) before the mount appeared:\n{}",
-                    m.stderr_text()
-                );
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "ubtrfs mount: {} not mounted after {FUSE_TIMEOUT:?}:\n{}",
-                    m.mnt.display(),
-                    m.stderr_text()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        FuseMount(
+            UbtrfsMount::start(Path::new(ubtrfs_bin()), devices, mnt, &["--ro"])
+                .unwrap_or_else(|e| panic!("ubtrfs mount --ro: {e:#}")),
+        )
     }
 
     /// The mount point.
     pub fn path(&self) -> &Path {
-        &self.mnt
-    }
-
-    fn stderr_text(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+        self.0.path()
     }
 
     /// `fusermount3 -u`, then wait for the child and assert it exits 0 and
     /// printed nothing on stderr.
-    pub fn unmount(mut self) {
-        let out = Command::new("fusermount3")
-            .arg("-u")
-            .arg(&self.mnt)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run fusermount3");
-        assert_success("fusermount3 -u", &out);
-        let mut child = self.child.take().unwrap();
-        let deadline = Instant::now() + FUSE_TIMEOUT;
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "ubtrfs mount still running {FUSE_TIMEOUT:?} after fusermount3 -u:\n{}",
-                    self.stderr_text()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let err = self.stderr_text();
-        assert!(
-            status.success(),
-            "ubtrfs mount exited with {status} after fusermount3 -u:\n{err}"
-        );
-        assert!(
-            err.trim().is_empty(),
-            "ubtrfs mount printed on stderr:\n{err}"
-        );
-        assert!(
-            !fuse_mounted_at(&self.mnt),
-            "still mounted after the child exited"
-        );
+    pub fn unmount(self) {
+        if let Err(e) = self.0.unmount() {
+            panic!("{e:#}");
+        }
     }
 }
 
-impl Drop for FuseMount {
-    fn drop(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        let _ = Command::new("fusermount3")
-            .args(["-u", "-z"])
-            .arg(&self.mnt)
-            .stdin(Stdio::null())
-            .output();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
+/// A fresh single-device image of `size` bytes made by `mkfs.btrfs` with
+/// its defaults.
+pub fn new_image(t: &TestDir, name: &str, size: u64) -> PathBuf {
+    let img = t.join(name);
+    let opts = MkfsOptions {
+        device_size: size,
+        ..MkfsOptions::default()
+    };
+    mkfs(std::slice::from_ref(&img), &opts, None).expect("mkfs.btrfs");
+    img
+}
+
+/// `btrfs check --readonly` of a single-device image must find no error.
+pub fn check_image(img: &Path) {
+    if let Err(e) = run(command("btrfs").args(["check", "--readonly"]).arg(img)) {
+        panic!("btrfs check {}: {e:#}", img.display());
     }
 }

@@ -12,13 +12,15 @@
 //!   memory for a read-only open, so that readers never see the state
 //!   before the fsyncs the kernel would show.
 //!
-//! Writing our own log on fsync is not done yet: ubtrfs's fsync commits.
+//! - `write`: [`Filesystem::fsync`]; writing our own log on fsync is
+//!   not done yet: it commits the transaction.
 
 mod extents;
 mod fixup;
 mod names;
 pub mod read;
 mod replay;
+mod write;
 
 pub use replay::ReplaySummary;
 

@@ -1629,6 +1629,34 @@ fn copy_file_range_reflinks() {
         assert_eq!((rc, e), (-1, Some(libc::EOPNOTSUPP)));
         assert_eq!(server_info(m.path())[info::IOCTL], before);
     }
+    // No-COW files share extents too; rewriting the source in place must
+    // then leave the copy as it was (the new reference is still pending).
+    let nc = pattern(256 << 10, 61);
+    let nc_new = pattern(8 << 10, 62);
+    for n in ["nc", "nc_copy"] {
+        File::create(p(n)).unwrap();
+        run(command("chattr").arg("+C").arg(p(n))).unwrap();
+    }
+    fs::write(p("nc"), &nc).unwrap();
+    // Committed first: an extent of the running transaction is never
+    // rewritten in place anyway.
+    File::open(p("nc")).unwrap().sync_all().unwrap();
+    {
+        let ns = File::open(p("nc")).unwrap();
+        let nd = OpenOptions::new().write(true).open(p("nc_copy")).unwrap();
+        let before = server_info(m.path())[info::REFLINKED];
+        copy_range(&ns, 0, &nd, 0, nc.len() as u64);
+        assert!(
+            server_info(m.path())[info::REFLINKED] > before,
+            "no-COW files were copied, not shared"
+        );
+        let mut w = OpenOptions::new().write(true).open(p("nc")).unwrap();
+        w.seek(SeekFrom::Start(4096)).unwrap();
+        w.write_all(&nc_new).unwrap();
+        w.sync_all().unwrap();
+    }
+    let mut nc_model = nc.clone();
+    nc_model[4096..4096 + nc_new.len()].copy_from_slice(&nc_new);
     drop((s, d, odd, mis));
     let model = vec![
         ("src", src.clone()),
@@ -1636,6 +1664,8 @@ fn copy_file_range_reflinks() {
         ("dst2", src.clone()),
         ("odd", odd_model),
         ("mis", mis_model),
+        ("nc", nc_model),
+        ("nc_copy", nc),
     ];
     assert_files("through the mount", m.path(), &model);
     m.unmount_cleanly();

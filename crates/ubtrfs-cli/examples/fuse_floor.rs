@@ -25,8 +25,11 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-/// As in ubtrfs' adapter.
-const TTL: Duration = Duration::from_secs(1);
+/// As in ubtrfs' adapter (read-write mounts).
+const TTL: Duration = Duration::from_secs(60);
+/// As in ubtrfs' adapter; the kernel caps both.
+const MAX_WRITE: u32 = 4 << 20;
+const MAX_READAHEAD: u32 = 1 << 20;
 const ROOT: u64 = 1;
 
 struct Node {
@@ -159,14 +162,23 @@ impl Inner {
 
 impl fuser::Filesystem for Floor {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // The capabilities ubtrfs' adapter asks for, so the kernel behaves alike.
+        // The capabilities ubtrfs' adapter asks for on a read-write mount,
+        // so the kernel behaves alike (writeback cache included).
         for cap in [
             InitFlags::FUSE_DO_READDIRPLUS,
             InitFlags::FUSE_READDIRPLUS_AUTO,
             InitFlags::FUSE_CACHE_SYMLINKS,
             InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_WRITEBACK_CACHE,
+            InitFlags::FUSE_HANDLE_KILLPRIV_V2,
         ] {
             let _ = config.add_capabilities(cap);
+        }
+        if let Err(max) = config.set_max_write(MAX_WRITE) {
+            let _ = config.set_max_write(max);
+        }
+        if let Err(max) = config.set_max_readahead(MAX_READAHEAD) {
+            let _ = config.set_max_readahead(max);
         }
         Ok(())
     }
@@ -179,6 +191,12 @@ impl fuser::Filesystem for Floor {
             .and_then(|ino| g.attr_of(ino));
         match r {
             Ok(a) => reply.entry(&TTL, &a, Generation(0)),
+            // A cacheable negative entry (inode 0), as ubtrfs answers.
+            Err(Errno::ENOENT) => {
+                let mut none = attr(ROOT, &g.nodes[&ROOT]);
+                none.ino = INodeNo(0);
+                reply.entry(&TTL, &none, Generation(0))
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -267,7 +285,13 @@ impl fuser::Filesystem for Floor {
         reply: ReplyCreate,
     ) {
         match self.lock().make(req, parent.0, name, mode & !umask, false) {
-            Ok(a) => reply.created(&TTL, &a, Generation(0), FileHandle(0), FopenFlags::empty()),
+            Ok(a) => reply.created(
+                &TTL,
+                &a,
+                Generation(0),
+                FileHandle(0),
+                FopenFlags::FOPEN_KEEP_CACHE,
+            ),
             Err(e) => reply.error(e),
         }
     }
@@ -288,7 +312,7 @@ impl fuser::Filesystem for Floor {
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.lock().attr_of(ino.0) {
-            Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
             Err(e) => reply.error(e),
         }
     }

@@ -105,6 +105,127 @@ impl TxnBlocks {
     }
 }
 
+impl TxnBlocks {
+    /// References and extent flags of tree block `bytenr`, pending
+    /// changes included.
+    fn block_info(
+        &self,
+        reader: &TreeReader,
+        tree_id: u64,
+        bytenr: u64,
+        level: u8,
+    ) -> Result<(i64, u64)> {
+        let extent = self
+            .extent_root
+            .ok_or_else(|| Error::corrupt("no extent tree to drop a subvolume from"))?;
+        let on_disk =
+            extent_tree::tree_block_info(&reader.tree(extent), bytenr, level, self.nodesize)?;
+        let (pending, pending_flags) = self.refs.tree_pending(bytenr);
+        match on_disk {
+            Some((r, f)) => Ok((r as i64 + pending, f | pending_flags)),
+            None => Err(Error::corrupt(format!(
+                "tree block {bytenr} of tree {tree_id} has no extent item"
+            ))),
+        }
+    }
+
+    /// A block of dying tree `tree_id` that other trees keep: it and every
+    /// block below it the tree owns stop naming the tree in their
+    /// children's references (those become references by address, the
+    /// blocks FULL_BACKREF), so no reference outlives the tree it names.
+    fn disown(
+        &mut self,
+        reader: &TreeReader,
+        tree_id: u64,
+        node: &Node,
+        full_backref: bool,
+    ) -> Result<()> {
+        if node.header.owner != tree_id {
+            return Ok(());
+        }
+        let (bytenr, level) = (node.header.bytenr, node.header.level);
+        if !full_backref {
+            self.ref_children(node, Holder::Parent, 1)?;
+            self.ref_children(node, Holder::Root(tree_id), -1)?;
+            self.refs
+                .set_tree_flags(bytenr, level, BLOCK_FLAG_FULL_BACKREF);
+        }
+        if let Body::Internal(ptrs) = node.body() {
+            for p in ptrs {
+                let child = reader.read_node(&crate::format::node::Expect {
+                    bytenr: p.blockptr,
+                    generation: Some(p.generation),
+                    level: Some(level - 1),
+                    first_key: Some(p.key),
+                })?;
+                if child.header.owner != tree_id {
+                    continue;
+                }
+                let (_, flags) = self.block_info(reader, tree_id, p.blockptr, level - 1)?;
+                self.disown(
+                    reader,
+                    tree_id,
+                    &child,
+                    flags & BLOCK_FLAG_FULL_BACKREF != 0,
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Tree `tree_id`, being deleted, gives up the block `expect` names,
+    /// which it held by `held`: a block others share just loses this
+    /// reference, a block the tree alone holds goes, with everything under
+    /// it. Each block is read once; the walk is as deep as the tree.
+    fn drop_subtree(
+        &mut self,
+        reader: &TreeReader,
+        tree_id: u64,
+        expect: &crate::format::node::Expect,
+        held: BlockRef,
+    ) -> Result<()> {
+        let node = reader.read_node(expect)?;
+        let (bytenr, level) = (node.header.bytenr, node.header.level);
+        let (refs, flags) = self.block_info(reader, tree_id, bytenr, level)?;
+        let full_backref = flags & BLOCK_FLAG_FULL_BACKREF != 0;
+        if refs > 1 {
+            self.disown(reader, tree_id, &node, full_backref)?;
+            self.refs.change_tree(bytenr, level, held, -1);
+            return Ok(());
+        }
+        if refs < 1 {
+            return Err(Error::corrupt(format!(
+                "tree block {bytenr} is reached from tree {tree_id} but has {refs} references"
+            )));
+        }
+        let holder = if full_backref {
+            Holder::Parent
+        } else {
+            Holder::Root(tree_id)
+        };
+        match node.body() {
+            Body::Internal(ptrs) => {
+                let by = match holder {
+                    Holder::Parent => BlockRef::Parent(bytenr),
+                    Holder::Root(r) => BlockRef::Root(r),
+                };
+                for p in ptrs {
+                    let child = crate::format::node::Expect {
+                        bytenr: p.blockptr,
+                        generation: Some(p.generation),
+                        level: Some(level - 1),
+                        first_key: Some(p.key),
+                    };
+                    self.drop_subtree(reader, tree_id, &child, by)?;
+                }
+            }
+            Body::Leaf(_) => self.ref_children(&node, holder, -1)?,
+        }
+        self.refs.change_tree(bytenr, level, held, -1);
+        Ok(())
+    }
+}
+
 /// Who holds the references a block has on its children.
 #[derive(Clone, Copy)]
 enum Holder {
@@ -253,6 +374,9 @@ pub struct Writer {
     /// Per block group, the free space its free-space tree items say, as
     /// the last commit wrote them (a group is read from the tree once).
     fst_written: HashMap<u64, crate::alloc::RangeSet>,
+    /// Subvolumes whose root changed in this transaction without their
+    /// content changing (a snapshot's source): their ctransid stays.
+    pub(crate) keep_ctransid: HashSet<u64>,
 }
 
 impl Writer {
@@ -401,6 +525,7 @@ impl Filesystem {
                 used_delta: HashMap::new(),
             },
             dirty_roots: BTreeSet::new(),
+            keep_ctransid: HashSet::new(),
             chunk_tree_uuid: root_node.header.chunk_tree_uuid,
             dev_supers,
             bg_tree,
@@ -501,6 +626,43 @@ impl Filesystem {
             w.dirty_roots.insert(tree_id);
         }
         r
+    }
+
+    /// Drop subvolume tree `id`, already unlinked: every block it reaches
+    /// loses this tree's reference (blocks only it held are freed at
+    /// commit, with their data references), and its root item goes.
+    pub(crate) fn drop_subvol_tree(&self, w: &mut Writer, id: u64) -> Result<()> {
+        let (ptr, _) = self
+            .find_root(id)?
+            .ok_or_else(|| Error::NotFound(format!("subvolume {id}")))?;
+        w.blocks.extent_root = self.root_ptr(EXTENT_TREE_OBJECTID)?;
+        let root = crate::format::node::Expect {
+            bytenr: ptr.bytenr,
+            generation: ptr.generation,
+            level: Some(ptr.level),
+            first_key: None,
+        };
+        let reader = self.tree_reader();
+        w.blocks
+            .drop_subtree(reader, id, &root, BlockRef::Root(id))?;
+        let key = self
+            .root_tree()
+            .get_le(&Key::new(id, ROOT_ITEM_KEY, u64::MAX))?
+            .map(|it| it.key())
+            .filter(|k| k.objectid == id && k.item_type == ROOT_ITEM_KEY)
+            .ok_or_else(|| Error::corrupt(format!("subvolume {id} has no root item")))?;
+        self.modify_tree(w, ROOT_TREE_OBJECTID, |ed, r| ed.delete(r, key))?;
+        w.dirty_roots.remove(&id);
+        w.blocks.used_delta.remove(&id);
+        w.blocks.last_snapshot.remove(&id);
+        w.blocks.readonly.remove(&id);
+        w.next_ino.remove(&id);
+        w.next_index.retain(|(s, _), _| *s != id);
+        self.roots
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+        Ok(())
     }
 
     /// Commit the running transaction, if it changed anything.
@@ -681,7 +843,10 @@ impl Filesystem {
             if data.len() >= 247 {
                 data[239..247].copy_from_slice(&transid.to_le_bytes());
             }
-            if data.len() >= 303 && (id == FS_TREE_OBJECTID || id >= FIRST_FREE_OBJECTID) {
+            if data.len() >= 303
+                && (id == FS_TREE_OBJECTID || id >= FIRST_FREE_OBJECTID)
+                && !w.keep_ctransid.contains(&id)
+            {
                 // The subvolume's content changed in this transaction.
                 data[295..303].copy_from_slice(&transid.to_le_bytes());
             }
@@ -734,6 +899,11 @@ impl Filesystem {
         let backup = self.backup_root(transid, root, chunk, bytes_used)?;
         for (devid, raw) in w.dev_supers.iter_mut() {
             let sb = &mut raw[..];
+            // A UUID tree the last commit vouched for stays vouched for (we
+            // keep it current): else the kernel rescans it at mount.
+            if sb[0x233..0x23b] == sb[0x48..0x50] {
+                put64(sb, 0x233, transid);
+            }
             put64(sb, 0x48, transid);
             put64(sb, 0x50, root.bytenr);
             put64(sb, 0x58, chunk.bytenr);
@@ -782,6 +952,7 @@ impl Filesystem {
         w.blocks.alloc.unpin_all();
         w.blocks.transid = transid + 1;
         w.dirty_roots.clear();
+        w.keep_ctransid.clear();
         Ok(())
     }
 

@@ -1,5 +1,5 @@
-//! `ubtrfs subvolume`: create subvolumes and snapshots in an image, as
-//! `btrfs subvolume create` and `btrfs subvolume snapshot` do on a mount.
+//! `ubtrfs subvolume`: create and delete subvolumes and snapshots in an
+//! image, as `btrfs subvolume create|snapshot|delete` do on a mount.
 
 use super::{fs_path, list, resolve};
 use anyhow::{Context, Result, bail};
@@ -15,6 +15,8 @@ pub enum Command {
     Create(CreateArgs),
     /// Snapshot a subvolume.
     Snapshot(SnapshotArgs),
+    /// Delete subvolumes or snapshots, with their content.
+    Delete(DeleteArgs),
 }
 
 /// Arguments of `subvolume create`.
@@ -56,11 +58,29 @@ pub struct SnapshotArgs {
     args: Vec<PathBuf>,
 }
 
+/// Arguments of `subvolume delete`.
+#[derive(clap::Args, Debug)]
+#[command(
+    override_usage = "ubtrfs subvolume delete <DEV>... <PATH>",
+    after_help = "\
+PATH (absolute inside the filesystem) must be the root of a subvolume or \
+snapshot; it is deleted with everything in it and the deletion is \
+committed. The top-level subvolume, the default subvolume \
+and a subvolume holding other subvolumes cannot be deleted."
+)]
+pub struct DeleteArgs {
+    /// The filesystem's devices (all of them, any order), then PATH, the
+    /// subvolume to delete (starting with '/').
+    #[arg(required = true, num_args = 2.., value_name = "ARG")]
+    args: Vec<PathBuf>,
+}
+
 /// Run a `subvolume` subcommand.
 pub fn run(command: Command) -> Result<()> {
     match command {
         Command::Create(args) => create(args),
         Command::Snapshot(args) => snapshot(args),
+        Command::Delete(args) => delete(args),
     }
 }
 
@@ -160,6 +180,25 @@ fn snapshot(args: SnapshotArgs) -> Result<()> {
         if args.readonly { "readonly " } else { "" },
         crate::util::show(src_path)
     );
+    Ok(())
+}
+
+fn delete(args: DeleteArgs) -> Result<()> {
+    let [devices @ .., target] = &args.args[..] else {
+        bail!("give the devices and the subvolume to delete");
+    };
+    if devices.is_empty() {
+        bail!("give the devices and the subvolume to delete");
+    }
+    let path = fs_path(target)?;
+    let shown = crate::util::show(path);
+    let (dir, name) = parent_and_name(path)
+        .with_context(|| format!("cannot delete {shown}: the top level cannot go"))?;
+    let fs = open_rw(devices)?;
+    let parent = directory(&fs, dir)?;
+    fs.delete_subvolume(parent, name, false)
+        .with_context(|| format!("cannot delete subvolume {shown}"))?;
+    println!("Delete subvolume '{shown}'");
     Ok(())
 }
 

@@ -10,6 +10,7 @@ mod namespace;
 mod open;
 mod snapshot;
 mod subvol;
+mod subvol_delete;
 mod xattr;
 
 pub use attr::{SetAttr, XATTR_CREATE, XATTR_REPLACE};

@@ -434,7 +434,9 @@ impl Filesystem {
             return Err(Error::NotDir(String::from_utf8_lossy(name).into_owned()));
         }
         if entry.id.subvol != dir.subvol {
-            return Err(Error::Unsupported("removing a subvolume with rmdir".into()));
+            // An empty subvolume goes with rmdir, as the kernel allows.
+            drop(w);
+            return self.delete_subvolume(dir, name, true);
         }
         if !self.read_dir(entry.id, 0)?.is_empty() {
             return Err(Error::NotEmpty(String::from_utf8_lossy(name).into_owned()));

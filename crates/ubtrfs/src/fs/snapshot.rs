@@ -141,6 +141,9 @@ impl Filesystem {
         if was_readonly {
             w.blocks.readonly.insert(source);
         }
+        // Copying the source's root changes no content: the kernel keeps
+        // its ctransid.
+        w.keep_ctransid.insert(source);
         let src_root = copied?;
         let chunk_uuid = w.chunk_tree_uuid();
         let root = TreeEditor::new(self.tree_reader(), &mut w.blocks, id, chunk_uuid)

@@ -1,0 +1,333 @@
+//! Deleting subvolumes and snapshots with the library.
+//!
+//! The kernel makes an image with 4 KiB nodes: a subvolume with a tree of
+//! several levels, reflinked files, a writable snapshot it then changes,
+//! a read-only snapshot and a snapshot of the snapshot, a default
+//! subvolume, a subvolume holding another, an empty one. The library
+//! refuses what the kernel refuses (typed errors), deletes the shared
+//! snapshots, removes the empty subvolume with `rmdir`; `btrfs check` is
+//! clean and the kernel sees every remaining subvolume exactly as before,
+//! writes to it, and check stays clean. Then the origin and its last
+//! snapshot go too, and the used space comes back to that of an image made
+//! without them.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use testkit::{KernelImageOptions, MkfsOptions, Mount, TestDir, kernel_image};
+use ubtrfs::Error;
+use ubtrfs::format::Key;
+use ubtrfs::format::consts::ROOT_ITEM_KEY;
+use ubtrfs::format::items::RootItem;
+use ubtrfs::fs::{Filesystem, InodeId};
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{cmd:?} failed:\n{text}");
+    text
+}
+
+fn check(img: &Path, when: &str) {
+    let out = Command::new("btrfs")
+        .args(["check", "--readonly"])
+        .arg(img)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && text.contains("no error found") && !text.contains("ERROR"),
+        "btrfs check {when}:\n{text}"
+    );
+}
+
+/// Every entry below `root` on a kernel mount: directories, file bytes,
+/// link targets.
+fn tree(root: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
+    fn walk(root: &Path, rel: &Path, out: &mut BTreeMap<PathBuf, Option<Vec<u8>>>) {
+        for e in std::fs::read_dir(root.join(rel)).unwrap() {
+            let e = e.unwrap();
+            let rel = rel.join(e.file_name());
+            let t = e.file_type().unwrap();
+            if t.is_dir() {
+                out.insert(rel.clone(), None);
+                walk(root, &rel, out);
+            } else if t.is_symlink() {
+                let target = std::fs::read_link(e.path()).unwrap();
+                out.insert(rel, Some(target.into_os_string().into_encoded_bytes()));
+            } else {
+                out.insert(rel, Some(std::fs::read(e.path()).unwrap()));
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, Path::new(""), &mut out);
+    out
+}
+
+fn bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn opts() -> KernelImageOptions {
+    KernelImageOptions {
+        mkfs: MkfsOptions {
+            nodesize: 4096,
+            ..MkfsOptions::default()
+        },
+        mount_options: "noatime".into(),
+    }
+}
+
+/// What every image has besides the subvolume `sv` and its snapshots.
+fn common(m: &Path) -> std::io::Result<()> {
+    std::fs::write(m.join("keep"), bytes(1, 50_000))?;
+    run(Command::new("btrfs")
+        .args(["subvolume", "create"])
+        .arg(m.join("dflt")));
+    run(Command::new("btrfs")
+        .args(["subvolume", "create"])
+        .arg(m.join("outer")));
+    run(Command::new("btrfs")
+        .args(["subvolume", "create"])
+        .arg(m.join("outer/inner")));
+    run(Command::new("btrfs")
+        .args(["subvolume", "create"])
+        .arg(m.join("empty")));
+    std::fs::create_dir(m.join("plain"))?;
+    let id = run(Command::new("btrfs")
+        .args(["inspect-internal", "rootid"])
+        .arg(m.join("dflt")));
+    run(Command::new("btrfs")
+        .args(["subvolume", "set-default", id.trim()])
+        .arg(m));
+    Ok(())
+}
+
+/// The top-level subvolume's root (not the default subvolume's).
+fn top(_fs: &Filesystem) -> InodeId {
+    InodeId {
+        subvol: 5,
+        ino: 256,
+    }
+}
+
+/// The root of the subvolume linked as `name` at the top level.
+fn at_top(fs: &Filesystem, name: &[u8]) -> InodeId {
+    fs.lookup(top(fs), name).unwrap().id
+}
+
+/// The ctransid in subvolume `id`'s root item.
+fn ctransid(fs: &Filesystem, id: u64) -> u64 {
+    let it = fs
+        .root_tree()
+        .get_le(&Key::new(id, ROOT_ITEM_KEY, u64::MAX))
+        .unwrap()
+        .unwrap();
+    assert_eq!(it.key().objectid, id);
+    RootItem::parse(it.data()).unwrap().ctransid
+}
+
+fn used(img: &Path) -> u64 {
+    Filesystem::open(&[img]).unwrap().superblock().bytes_used
+}
+
+#[test]
+fn delete_subvolumes_and_shared_snapshots() {
+    testkit::require_privileged!();
+    let t = TestDir::new("subvol-delete").unwrap();
+    let image = kernel_image(&t.join("img"), &opts(), |m| {
+        common(m)?;
+        run(Command::new("btrfs")
+            .args(["subvolume", "create"])
+            .arg(m.join("sv")));
+        for d in 0..10 {
+            std::fs::create_dir(m.join(format!("sv/d{d}")))?;
+            for f in 0..100u64 {
+                let len = if f % 5 == 0 {
+                    9000 + f as usize * 37
+                } else {
+                    f as usize * 13
+                };
+                std::fs::write(m.join(format!("sv/d{d}/f{f}")), bytes(d * 1000 + f, len))?;
+            }
+        }
+        run(Command::new("cp")
+            .args(["--reflink=always"])
+            .arg(m.join("sv/d1/f5"))
+            .arg(m.join("sv/d2/reflink")));
+        run(Command::new("btrfs")
+            .args(["subvolume", "snapshot"])
+            .arg(m.join("sv"))
+            .arg(m.join("snap")));
+        run(Command::new("btrfs")
+            .args(["subvolume", "snapshot", "-r"])
+            .arg(m.join("sv"))
+            .arg(m.join("ro")));
+        // The kernel changes the snapshot (its copies of shared blocks get
+        // FULL_BACKREF), then snapshots it.
+        for f in (0..100).step_by(7) {
+            std::fs::write(m.join(format!("snap/d3/f{f}")), bytes(f, 12_000))?;
+        }
+        std::fs::remove_file(m.join("snap/d4/f10"))?;
+        run(Command::new("cp")
+            .args(["--reflink=always"])
+            .arg(m.join("snap/d5/f20"))
+            .arg(m.join("snap/d6/reflink")));
+        run(Command::new("btrfs")
+            .args(["subvolume", "snapshot"])
+            .arg(m.join("snap"))
+            .arg(m.join("snap2")));
+        std::fs::write(m.join("sv/d7/f0"), b"changed in sv")?;
+        Ok(())
+    })
+    .unwrap();
+    let img = image.path().to_path_buf();
+    let mnt = t.join("mnt");
+    check(&img, "of the kernel's image");
+
+    // What the kernel sees before.
+    let m = Mount::single(&img, &mnt, "ro,subvolid=5").unwrap();
+    let before: BTreeMap<&str, _> = ["sv", "snap2", "keep", "outer", "dflt", "plain"]
+        .into_iter()
+        .map(|p| {
+            let path = m.path().join(p);
+            let v = if path.is_dir() {
+                tree(&path)
+            } else {
+                BTreeMap::from([(PathBuf::new(), Some(std::fs::read(&path).unwrap()))])
+            };
+            (p, v)
+        })
+        .collect();
+    assert!(before["sv"].len() > 1000);
+    m.unmount().unwrap();
+
+    {
+        let fs = Filesystem::open_read_write(&[&img]).unwrap();
+        let root = top(&fs);
+        let height = {
+            let sv = at_top(&fs, b"snap").subvol;
+            let mut top_level = 0;
+            fs.tree_by_id(sv)
+                .unwrap()
+                .walk(&mut |n| {
+                    top_level = top_level.max(n.level());
+                    Ok(())
+                })
+                .unwrap();
+            top_level
+        };
+        assert!(
+            height >= 2,
+            "the snapshot's tree is only {height} levels high"
+        );
+        // Refusals, with typed errors.
+        let e = fs.delete_subvolume(root, b"dflt", false).unwrap_err();
+        assert!(matches!(e, Error::NotPermitted(_)), "default: {e}");
+        let e = fs.delete_subvolume(root, b"outer", false).unwrap_err();
+        assert!(matches!(e, Error::NotEmpty(_)), "nested: {e}");
+        let e = fs.delete_subvolume(root, b"plain", false).unwrap_err();
+        assert!(matches!(e, Error::Invalid(_)), "plain directory: {e}");
+        let e = fs.delete_subvolume(root, b"keep", false).unwrap_err();
+        assert!(matches!(e, Error::NotDir(_)), "file: {e}");
+        let e = fs.delete_subvolume(root, b"missing", false).unwrap_err();
+        assert!(matches!(e, Error::NotFound(_)), "missing: {e}");
+        let sv = at_top(&fs, b"sv");
+        let e = fs.delete_subvolume(sv, b"d1", false).unwrap_err();
+        assert!(matches!(e, Error::Invalid(_)), "directory in sv: {e}");
+        let e = fs.rmdir(root, b"sv").unwrap_err();
+        assert!(matches!(e, Error::NotEmpty(_)), "rmdir of sv: {e}");
+        let e = fs.delete_subvolume(root, b"sv", true).unwrap_err();
+        assert!(matches!(e, Error::NotEmpty(_)), "only_empty: {e}");
+        // A library snapshot leaves its source's ctransid alone, as the
+        // kernel does, and goes again.
+        let sv_id = sv.subvol;
+        let before_ct = ctransid(&fs, sv_id);
+        fs.create_snapshot(sv_id, root, b"libsnap", false).unwrap();
+        assert_eq!(ctransid(&fs, sv_id), before_ct, "source's ctransid");
+        fs.delete_subvolume(root, b"libsnap", false).unwrap();
+        // The deletions: shared snapshots, and rmdir of an empty subvolume.
+        fs.delete_subvolume(root, b"snap", false).unwrap();
+        fs.delete_subvolume(root, b"ro", false).unwrap();
+        fs.rmdir(root, b"empty").unwrap();
+        assert!(matches!(
+            fs.lookup(root, b"snap").unwrap_err(),
+            Error::NotFound(_)
+        ));
+        let names: Vec<String> = fs
+            .subvolumes()
+            .unwrap()
+            .iter()
+            .map(|s| String::from_utf8_lossy(&s.name).into_owned())
+            .collect();
+        for gone in ["snap", "ro", "empty"] {
+            assert!(!names.iter().any(|n| n == gone), "{gone} in {names:?}");
+        }
+    }
+    check(&img, "after deleting the snapshots");
+    // The UUID tree the kernel vouched for stays vouched for: no rescan.
+    let sb = Filesystem::open(&[&img]).unwrap().superblock().clone();
+    assert_eq!(sb.uuid_tree_generation, sb.generation);
+
+    let m = Mount::single(&img, &mnt, "subvolid=5").unwrap();
+    let p = m.path();
+    for (name, want) in &before {
+        let path = p.join(name);
+        let got = if path.is_dir() {
+            tree(&path)
+        } else {
+            BTreeMap::from([(PathBuf::new(), Some(std::fs::read(&path).unwrap()))])
+        };
+        assert!(got == *want, "{name} changed by the deletions");
+    }
+    for gone in ["snap", "ro", "empty"] {
+        assert!(!p.join(gone).exists(), "{gone} still there");
+    }
+    let listed = run(Command::new("btrfs").args(["subvolume", "list"]).arg(p));
+    assert!(
+        !listed.contains("path snap\n") && !listed.contains("path ro\n"),
+        "{listed}"
+    );
+    // The kernel writes to what is left.
+    std::fs::write(p.join("sv/d0/f1"), bytes(99, 30_000)).unwrap();
+    std::fs::remove_file(p.join("snap2/d3/f7")).unwrap();
+    std::fs::write(p.join("snap2/d8/new"), bytes(98, 20_000)).unwrap();
+    run(Command::new("btrfs")
+        .args(["subvolume", "snapshot"])
+        .arg(p.join("sv"))
+        .arg(p.join("again")));
+    m.unmount().unwrap();
+    check(&img, "after the kernel's writes");
+
+    // Everything made of `sv` goes: the space comes back.
+    {
+        let fs = Filesystem::open_read_write(&[&img]).unwrap();
+        let root = top(&fs);
+        for name in ["again", "snap2", "sv"] {
+            fs.delete_subvolume(root, name.as_bytes(), false).unwrap();
+        }
+    }
+    check(&img, "after deleting everything");
+    let base = kernel_image(&t.join("base"), &opts(), |m| Ok(common(m)?)).unwrap();
+    let (after, want) = (used(&img), used(base.path()));
+    assert!(
+        after <= want + 256 * 1024,
+        "{after} bytes used after deleting, {want} in an image that never had them"
+    );
+    let m = Mount::single(&img, &mnt, "").unwrap();
+    std::fs::write(m.path().join("last"), bytes(5, 100_000)).unwrap();
+    m.unmount().unwrap();
+    check(&img, "after the kernel's last write");
+}

@@ -1364,6 +1364,10 @@ fn subvolume_mount_options() {
         fs::write(kp("sv/in-sv"), b"in sv").unwrap();
         fs::write(kp("sv/nested/in-nested"), b"nested").unwrap();
         fs::create_dir(kp("plain")).unwrap();
+        run(command("btrfs")
+            .args(["subvolume", "create"])
+            .arg(kp("empty-sv")))
+        .unwrap();
         // The default subvolume becomes sv: subvolid=5 reaches the top.
         run(command("btrfs")
             .args(["subvolume", "set-default"])
@@ -1412,6 +1416,12 @@ fn subvolume_mount_options() {
     );
     m.unmount_cleanly();
     let m = RwMount::start(&img, &mnt, &["-o", "subvolid=5,subvol=/"]);
+    // rmdir deletes an empty subvolume, as the kernel's does; a full one stays.
+    fs::remove_dir(m.path().join("empty-sv")).unwrap();
+    assert_eq!(
+        errno_of(fs::remove_dir(m.path().join("sv/nested"))),
+        libc::ENOTEMPTY
+    );
     assert_eq!(fs::read(m.path().join("top-file")).unwrap(), b"top");
     assert_eq!(names(m.path()), ["plain", "sv", "top-file"]);
     assert!(m.path().join("sv/in-sv").exists());
@@ -1437,6 +1447,9 @@ fn subvolume_mount_options() {
         fs::read(k.path().join("sv/from-fuse")).unwrap(),
         b"written in sv"
     );
+    assert!(!k.path().join("empty-sv").exists(), "deleted subvolume");
+    let list = run(command("btrfs").args(["subvolume", "list"]).arg(k.path())).unwrap();
+    assert!(!list.contains("empty-sv"), "{list}");
 }
 
 /// Whether process `pid` has exited (gone, or a zombie not yet reaped).

@@ -432,6 +432,8 @@ impl Filesystem {
             let mut w = fs.writer_deleting()?;
             fs.clean_orphans(&mut w, subvol)?;
         }
+        // Subvolumes the kernel deleted but had not dropped yet.
+        fs.finish_dead_subvolumes()?;
         Ok(fs)
     }
 

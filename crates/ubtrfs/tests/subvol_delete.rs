@@ -18,7 +18,7 @@ use std::process::Command;
 use testkit::{KernelImageOptions, MkfsOptions, Mount, TestDir, kernel_image};
 use ubtrfs::Error;
 use ubtrfs::format::Key;
-use ubtrfs::format::consts::ROOT_ITEM_KEY;
+use ubtrfs::format::consts::{ORPHAN_ITEM_KEY, ORPHAN_OBJECTID, ROOT_ITEM_KEY};
 use ubtrfs::format::items::RootItem;
 use ubtrfs::fs::{Filesystem, InodeId};
 
@@ -330,4 +330,110 @@ fn delete_subvolumes_and_shared_snapshots() {
     std::fs::write(m.path().join("last"), bytes(5, 100_000)).unwrap();
     m.unmount().unwrap();
     check(&img, "after the kernel's last write");
+}
+
+/// `sv` with a snapshot the kernel deletes right before unmounting.
+fn make_dead(m: &Path) -> std::io::Result<()> {
+    run(Command::new("btrfs")
+        .args(["subvolume", "create"])
+        .arg(m.join("sv")));
+    for i in 0..300 {
+        std::fs::write(m.join(format!("sv/f{i}")), bytes(i, 100 + i as usize * 7))?;
+    }
+    std::fs::write(m.join("sv/big"), bytes(7, 3 << 20))?;
+    run(Command::new("btrfs")
+        .args(["subvolume", "snapshot"])
+        .arg(m.join("sv"))
+        .arg(m.join("snap")));
+    std::fs::write(m.join("snap/new"), bytes(8, 70_000))?;
+    run(Command::new("sync").arg("-f").arg(m.join("snap/new")));
+    // Deleted and unmounted at once: the cleaner has not run.
+    run(Command::new("btrfs")
+        .args(["subvolume", "delete"])
+        .arg(m.join("snap")));
+    Ok(())
+}
+
+/// A snapshot the kernel deleted just before unmounting keeps its root
+/// item (refs 0) and an ORPHAN_ITEM: the kernel's cleaner had not dropped
+/// it yet. A read-write open drops it as the kernel's next mount would:
+/// check is clean, the space comes back as when the kernel finishes the
+/// drop itself (`btrfs subvolume sync`), and the origin is untouched.
+#[test]
+fn a_deletion_the_kernel_left_is_finished_at_open() {
+    testkit::require_privileged!();
+    let t = TestDir::new("subvol-delete-dead").unwrap();
+    let orphan = |img: &Path| -> Option<u64> {
+        let fs = Filesystem::open(&[img]).unwrap();
+        let it = fs
+            .root_tree()
+            .items_of(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY)
+            .unwrap()
+            .next()?
+            .unwrap();
+        Some(it.key().offset)
+    };
+    // The kernel's cleaner could in principle win the race to the unmount;
+    // the image is made again then (never silently accepted).
+    let mut made = None;
+    for attempt in 0..3 {
+        let img = kernel_image(&t.join(format!("img{attempt}")), &opts(), |m| {
+            Ok(make_dead(m)?)
+        })
+        .unwrap();
+        if let Some(id) = orphan(img.path()) {
+            made = Some((img, id));
+            break;
+        }
+    }
+    let (img, dead) = made.expect("the kernel dropped the snapshot before unmounting, 3 times");
+    let img = img.path().to_path_buf();
+    {
+        let fs = Filesystem::open(&[&img]).unwrap();
+        let it = fs
+            .root_tree()
+            .get_le(&Key::new(dead, ROOT_ITEM_KEY, u64::MAX))
+            .unwrap()
+            .expect("the dead root's item");
+        assert_eq!(it.key().objectid, dead);
+        assert_eq!(
+            RootItem::parse(it.data()).unwrap().refs,
+            0,
+            "a deleted subvolume has no refs"
+        );
+    }
+    // The kernel finishing the drop itself, on a copy: the oracle.
+    let copy = t.join("kernel-cleaned.img");
+    std::fs::copy(&img, &copy).unwrap();
+    let mnt = t.join("mnt");
+    let m = Mount::single(&copy, &mnt, "subvolid=5").unwrap();
+    run(Command::new("btrfs")
+        .args(["subvolume", "sync"])
+        .arg(m.path()));
+    let want = tree(&m.path().join("sv"));
+    m.unmount().unwrap();
+    assert_eq!(orphan(&copy), None, "the kernel left its orphan item");
+
+    let fs = Filesystem::open_read_write(&[&img]).unwrap();
+    fs.commit().unwrap();
+    let left = fs
+        .root_tree()
+        .get_le(&Key::new(dead, ROOT_ITEM_KEY, u64::MAX))
+        .unwrap()
+        .is_some_and(|it| it.key().objectid == dead);
+    assert!(!left, "the dead root's item stays");
+    drop(fs);
+    assert_eq!(orphan(&img), None, "the orphan item stays");
+    check(&img, "after finishing the kernel's deletion");
+    let (ours, kernels) = (used(&img), used(&copy));
+    assert!(
+        ours <= kernels + 64 * 1024,
+        "{ours} bytes used after the drop, the kernel's own drop leaves {kernels}"
+    );
+    let m = Mount::single(&img, &mnt, "subvolid=5").unwrap();
+    assert_eq!(tree(&m.path().join("sv")), want, "the origin changed");
+    assert!(!m.path().join("snap").exists());
+    std::fs::write(m.path().join("sv/after"), bytes(9, 10_000)).unwrap();
+    m.unmount().unwrap();
+    check(&img, "after the kernel's write");
 }

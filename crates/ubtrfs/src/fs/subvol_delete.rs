@@ -90,6 +90,41 @@ impl Filesystem {
         self.commit_locked(&mut w)
     }
 
+    /// Finish the deletions the kernel left to its cleaner: a deleted
+    /// subvolume keeps its ROOT_ITEM (refs 0) and an ORPHAN_ITEM for its
+    /// root in the root tree until its tree is dropped. A drop not yet
+    /// started is done here, one commit per subvolume, as the kernel's next
+    /// mount would; a partly dropped tree (drop progress set) is left to
+    /// the kernel. Returns the ids of the subvolumes dropped.
+    pub(crate) fn finish_dead_subvolumes(&self) -> Result<Vec<u64>> {
+        let orphans: Vec<u64> = self
+            .root_tree()
+            .items_of(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY)?
+            .map(|it| it.map(|it| it.key().offset))
+            .collect::<Result<_>>()?;
+        let mut dropped = Vec::new();
+        for id in orphans {
+            if !is_subvol_tree(id) || id == FS_TREE_OBJECTID {
+                continue;
+            }
+            let Some((_, item)) = self.find_root(id)? else {
+                continue;
+            };
+            let untouched = item.drop_progress == Key::new(0, 0, 0) && item.drop_level == 0;
+            if item.refs != 0 || !untouched {
+                continue;
+            }
+            let mut w = self.writer_deleting()?;
+            self.drop_subvol_tree(&mut w, id)?;
+            self.modify_tree(&mut w, ROOT_TREE_OBJECTID, |ed, root| {
+                ed.delete(root, Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, id))
+            })?;
+            self.commit_locked(&mut w)?;
+            dropped.push(id);
+        }
+        Ok(dropped)
+    }
+
     /// Remove the link of subvolume `id` named `name` in `dir`: its
     /// DIR_ITEM / DIR_INDEX pair and the ROOT_REF / ROOT_BACKREF pair.
     fn unlink_subvol(

@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# fsync of small writes while another file streams (the case the log tree
+# is for: one file's fsync should not wait for everybody's data). One fio
+# job does 4 KiB random writes with an fsync after each into an existing
+# 64 MiB file, another streams 1 MiB writes into a second file, both for
+# RUNTIME seconds: ubtrfs (FUSE) vs kernel btrfs vs XFS on image files of
+# the same size on the same disk, in one run. Prints a Markdown table.
+#
+#   sudo bench/fsync-mixed.sh [--runtime S] [--targets LIST]
+#
+# Environment: BENCH_DIR (work dir, default /var/tmp/ubtrfs-bench), UBTRFS
+# (the binary, default target/release/ubtrfs), IMG_SIZE (default 4G),
+# MKFS_BTRFS_OPTS (default "-m single -d single"), MKFS_XFS_OPTS.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/.." && pwd)
+BENCH_SCRIPT=fsync-mixed.sh
+# shellcheck source=bench/lib.sh
+. "$here/lib.sh"
+
+BENCH_DIR=${BENCH_DIR:-/var/tmp/ubtrfs-bench}
+UBTRFS=${UBTRFS:-$repo/target/release/ubtrfs}
+IMG_SIZE=${IMG_SIZE:-4G}
+MKFS_BTRFS_OPTS=${MKFS_BTRFS_OPTS--m single -d single}
+MKFS_XFS_OPTS=${MKFS_XFS_OPTS-}
+RUNTIME=15
+TARGETS="ubtrfs btrfs xfs"
+
+usage() {
+    sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    cat <<'EOF'
+
+  --runtime S      seconds each target runs (default 15)
+  --targets LIST   any of: ubtrfs btrfs xfs (default: all)
+EOF
+}
+
+parse_args "--runtime:RUNTIME --targets:TARGETS" "" "$@"
+[[ $RUNTIME =~ ^[1-9][0-9]*$ ]] || die "--runtime wants a number of seconds"
+for t in $TARGETS; do
+    [[ $t =~ ^(ubtrfs|btrfs|xfs)$ ]] || die "unknown target $t"
+done
+
+need_root "loop devices and mounts"
+need_commands "fio btrfs-progs xfsprogs fuse3 python3 util-linux" \
+    fio mkfs.btrfs mkfs.xfs mount umount losetup fusermount3 findmnt python3 flock
+[[ " $TARGETS " != *" ubtrfs "* ]] || { need_ubtrfs; need_fuse; }
+need_kernel_fs btrfs xfs
+
+mkdir -p "$BENCH_DIR"
+bench_lock
+BENCH_DIR=$(cd "$BENCH_DIR" && pwd)
+W=$BENCH_DIR/fsync-mixed
+mkdir -p "$W/mnt"
+[[ " $TARGETS " != *" ubtrfs "* ]] || private_ubtrfs "$W"
+MNT=$W/mnt
+IMG=$W/disk.img
+LOAD_START=$(cut -d' ' -f1 /proc/loadavg)
+results=$BENCH_DIR/fsync-mixed-results.md
+declare -A ROW
+
+cleanup() {
+    if mountpoint -q "$MNT"; then
+        umount "$MNT" 2>/dev/null || fusermount3 -u "$MNT" 2>/dev/null || umount -l "$MNT" 2>/dev/null || true
+    fi
+}
+trap cleanup EXIT
+
+# The two jobs on the mounted target; prints "iops mean_ms p99_ms stream_mbs".
+measure() {
+    fio --name=prep --directory="$MNT" --filename=small --size=64M --rw=write --bs=1M \
+        --end_fsync=1 >/dev/null
+    sync
+    fio --output-format=json --directory="$MNT" --time_based --runtime="$RUNTIME" \
+        --name=sync --filename=small --size=64M --rw=randwrite --bs=4k --fsync=1 --ioengine=psync \
+        --name=stream --filename=big --size=1G --rw=write --bs=1M --ioengine=psync \
+        >"$W/fio-$1.json"
+    python3 - "$W/fio-$1.json" <<'PY'
+import json, sys
+jobs = {j["jobname"]: j for j in json.load(open(sys.argv[1]))["jobs"]}
+s, b = jobs["sync"], jobs["stream"]
+lat = s["sync"]["lat_ns"]
+p99 = lat.get("percentile", {}).get("99.000000", 0)
+print("%.0f %.2f %.2f %.0f" % (s["write"]["iops"], lat["mean"] / 1e6, p99 / 1e6, b["write"]["bw"] / 1024))
+PY
+}
+
+for t in $TARGETS; do
+    log "$t: new image"
+    case $t in
+        xfs) mkfs_image "$IMG" xfs "$t" ;;
+        *) mkfs_image "$IMG" btrfs "$t" ;;
+    esac
+    case $t in
+        ubtrfs)
+            "$UBTRFS" mount "$IMG" "$MNT" 2>"$W/log-ubtrfs.txt" &
+            pid=$!
+            wait_fuse_mount "$MNT" "$pid" || die "ubtrfs mount failed: $(tail -n 3 "$W/log-ubtrfs.txt")"
+            ;;
+        *) mount -o loop "$IMG" "$MNT" ;;
+    esac
+    log "$t: fio for $RUNTIME s"
+    ROW[$t]=$(measure "$t")
+    case $t in
+        ubtrfs)
+            "$UBTRFS" umount "$MNT" || die "ubtrfs umount failed"
+            wait "$pid" || die "ubtrfs mount exited non-zero: $(tail -n 3 "$W/log-ubtrfs.txt")"
+            ;;
+        *) umount "$MNT" ;;
+    esac
+    rm -f "$IMG"
+done
+
+host_facts
+ratio() { # ubtrfs-value other-value
+    python3 -c 'import sys; a, b = map(float, sys.argv[1:]); print("%.2f" % (a / b) if b else "n/a")' "$1" "$2"
+}
+{
+    echo "## fsync of 4 KiB random writes while another file streams ($RUNTIME s per target)"
+    echo
+    echo "| target | write+fsync IOPS | fsync mean ms | fsync p99 ms | stream MB/s |"
+    echo "|---|---|---|---|---|"
+    for t in $TARGETS; do
+        read -r iops mean p99 mbs <<<"${ROW[$t]}"
+        echo "| $t | $iops | $mean | $p99 | $mbs |"
+    done
+    if [[ -n ${ROW[ubtrfs]:-} ]]; then
+        read -r ui _ _ us <<<"${ROW[ubtrfs]}"
+        for t in btrfs xfs; do
+            [[ -n ${ROW[$t]:-} ]] || continue
+            read -r oi _ _ os <<<"${ROW[$t]}"
+            echo
+            echo "ubtrfs / $t: fsync IOPS $(ratio "$ui" "$oi"), stream $(ratio "$us" "$os")"
+        done
+    fi
+    echo
+    echo "Images: $IMG_SIZE sparse files in \`$W\` (btrfs: \`mkfs.btrfs $MKFS_BTRFS_OPTS\`), kernel"
+    echo "filesystems on loop devices, ubtrfs with \`ubtrfs mount\` defaults (every fsync commits the"
+    echo "transaction today). Commit $commit$dirty; ubtrfs ${UBTRFS_ID:-not run}."
+    echo "Machine: $(nproc) CPUs ($cpu), $mem RAM, Linux $(uname -r). Load average at the start:"
+    echo "$LOAD_START, at the end: $(cut -d' ' -f1 /proc/loadavg)."
+} >"$results"
+echo
+cat "$results"
+log "saved to $results"

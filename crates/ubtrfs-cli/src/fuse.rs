@@ -138,6 +138,10 @@ pub struct FuseFs {
     writeback_cache: bool,
     killpriv: bool,
     stats: control::Stats,
+    /// Special files (fifos, sockets, device nodes) whose last name went
+    /// while the kernel still knew them: they are opened without FUSE, so
+    /// they live until the kernel forgets them.
+    held_until_forget: std::sync::Mutex<std::collections::HashSet<InodeId>>,
 }
 
 impl FuseFs {
@@ -153,7 +157,14 @@ impl FuseFs {
             writeback_cache: false,
             killpriv: false,
             stats: control::Stats::default(),
+            held_until_forget: Default::default(),
         }
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<InodeId>> {
+        self.held_until_forget
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// How long the kernel may cache entries and attributes.
@@ -761,12 +772,43 @@ impl fuser::Filesystem for FuseFs {
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let dir = self.inode_of(parent);
-        match self
-            .served
-            .write(|fs| fs.unlink(dir, name.as_bytes()).map_err(errno))
-        {
+        match self.served.write(|fs| {
+            // A special file may be open without FUSE ever seeing an open:
+            // its last name going keeps it until the kernel forgets it.
+            let special = fs.lookup(dir, name.as_bytes()).ok().and_then(|e| {
+                let st = fs.stat(e.id).ok()?;
+                let special = matches!(
+                    st.kind,
+                    FileKind::Fifo | FileKind::Socket | FileKind::CharDev | FileKind::BlockDev
+                );
+                (special && st.nlink == 1).then_some(e.id)
+            });
+            if let Some(id) = special {
+                fs.hold_inode(id);
+            }
+            let r = fs.unlink(dir, name.as_bytes()).map_err(errno);
+            if let Some(id) = special {
+                if r.is_ok() {
+                    self.held().insert(id);
+                } else {
+                    fs.release_inode(id).map_err(errno)?;
+                }
+            }
+            r
+        }) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
+        // The kernel counts lookups and forgets an inode once: the last
+        // reference to a held special file is gone.
+        let id = self.inode_of(ino);
+        if self.held().remove(&id)
+            && let Err(e) = self.served.write(|fs| fs.release_inode(id).map_err(errno))
+        {
+            tracing::debug!("releasing inode {} after forget: {e:?}", id.ino);
         }
     }
 

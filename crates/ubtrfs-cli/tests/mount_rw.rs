@@ -867,6 +867,29 @@ fn unlinked_open_files_live_on() {
         f.read_to_string(&mut back).unwrap();
         assert_eq!(back, "still here, and more");
     }
+    // A fifo is opened without FUSE seeing an open: it lives on too.
+    let fifo = m.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid path string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    {
+        let mut f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&fifo)
+            .unwrap();
+        fs::remove_file(&fifo).unwrap();
+        let st = f.metadata().unwrap();
+        assert!(
+            std::os::unix::fs::FileTypeExt::is_fifo(&st.file_type()),
+            "fstat of the unlinked fifo"
+        );
+        assert_eq!(st.nlink(), 0);
+        f.write_all(b"through").unwrap();
+        let mut back = [0u8; 7];
+        f.read_exact(&mut back).unwrap();
+        assert_eq!(&back, b"through");
+    }
     m.unmount_cleanly();
     check_image(&img);
     let kernel = Mount::single(&img, &t.join("kernel"), "ro").unwrap();

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use testkit::xorshift_bytes as bytes;
 use testkit::{KernelImageOptions, MkfsOptions, Mount, TestDir, kernel_image};
 use ubtrfs::Error;
 use ubtrfs::format::Key;
@@ -23,25 +24,13 @@ use ubtrfs::format::items::RootItem;
 use ubtrfs::fs::{Filesystem, InodeId};
 
 fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{cmd:?} failed:\n{text}");
-    text
+    testkit::run(cmd).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 fn check(img: &Path, when: &str) {
-    let out = Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(img)
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && text.contains("no error found") && !text.contains("ERROR"),
-        "btrfs check {when}:\n{text}"
-    );
+    if let Err(e) = testkit::btrfs_check_file(img, &[]) {
+        panic!("{when}: {e:#}");
+    }
 }
 
 /// Every entry below `root` on a kernel mount: directories, file bytes,
@@ -66,18 +55,6 @@ fn tree(root: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
     let mut out = BTreeMap::new();
     walk(root, Path::new(""), &mut out);
     out
-}
-
-fn bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 fn opts() -> KernelImageOptions {

@@ -268,21 +268,7 @@ impl Filesystem {
         let hash_key = Key::new(dir.ino, DIR_ITEM_KEY, name_hash(name));
         self.modify_tree(w, dir.subvol, |ed, root| {
             ed.edit_leaf(root, &hash_key, |leaf| {
-                let pos = leaf
-                    .search(&hash_key)
-                    .map_err(|_| Error::corrupt("directory item vanished"))?;
-                let mut rest = Vec::new();
-                for d in DirItem::parse_all(leaf.data(pos))? {
-                    if d.name != name {
-                        d.encode(&mut rest);
-                    }
-                }
-                if rest.is_empty() {
-                    leaf.remove(pos)?;
-                    Ok(())
-                } else {
-                    leaf.set_data(pos, &rest)
-                }
+                remove_dir_item_name(leaf, &hash_key, name)
             })
         })?;
         let extended = key.item_type == INODE_EXTREF_KEY;
@@ -546,5 +532,29 @@ impl Filesystem {
         w.next_index.remove(&(id.subvol, id.ino));
         self.delalloc().discard(id);
         Ok(())
+    }
+}
+
+/// Take `name` out of the DIR_ITEM at `key` in `leaf` (names whose hashes
+/// collide share one item); the item goes with its last name.
+pub(crate) fn remove_dir_item_name(
+    leaf: &mut crate::tree::cow::Leaf,
+    key: &Key,
+    name: &[u8],
+) -> Result<()> {
+    let pos = leaf
+        .search(key)
+        .map_err(|_| Error::corrupt("directory item vanished"))?;
+    let mut rest = Vec::new();
+    for d in DirItem::parse_all(leaf.data(pos))? {
+        if d.name != name {
+            d.encode(&mut rest);
+        }
+    }
+    if rest.is_empty() {
+        leaf.remove(pos)?;
+        Ok(())
+    } else {
+        leaf.set_data(pos, &rest)
     }
 }

@@ -12,7 +12,7 @@ use super::inode::{FileKind, InodeId};
 use super::open::Filesystem;
 use crate::format::Key;
 use crate::format::consts::*;
-use crate::format::items::{DirItem, RootRef, Timespec};
+use crate::format::items::{RootRef, Timespec};
 use crate::transaction::{Writer, is_subvol_tree};
 use crate::{Error, Result};
 
@@ -149,21 +149,7 @@ impl Filesystem {
         let hash_key = Key::new(dir.ino, DIR_ITEM_KEY, name_hash(name));
         self.modify_tree(w, dir.subvol, |ed, root| {
             ed.edit_leaf(root, &hash_key, |leaf| {
-                let pos = leaf
-                    .search(&hash_key)
-                    .map_err(|_| Error::corrupt("directory item vanished"))?;
-                let mut rest = Vec::new();
-                for d in DirItem::parse_all(leaf.data(pos))? {
-                    if d.name != name {
-                        d.encode(&mut rest);
-                    }
-                }
-                if rest.is_empty() {
-                    leaf.remove(pos)?;
-                    Ok(())
-                } else {
-                    leaf.set_data(pos, &rest)
-                }
+                super::namespace::remove_dir_item_name(leaf, &hash_key, name)
             })?;
             ed.delete(root, Key::new(dir.ino, DIR_INDEX_KEY, rr.sequence))
         })?;

@@ -547,6 +547,35 @@ fn read_full(f: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(n)
 }
 
+/// Every entry below `root`, by path relative to it: `None` for a
+/// directory, a file's bytes, a symlink's target. Panics on I/O errors
+/// (for tests comparing whole trees with `assert_eq!`).
+pub fn dir_contents(
+    root: &std::path::Path,
+) -> std::collections::BTreeMap<std::path::PathBuf, Option<Vec<u8>>> {
+    use std::collections::BTreeMap;
+    use std::path::{Path, PathBuf};
+    fn walk(root: &Path, rel: &Path, out: &mut BTreeMap<PathBuf, Option<Vec<u8>>>) {
+        for e in std::fs::read_dir(root.join(rel)).unwrap() {
+            let e = e.unwrap();
+            let rel = rel.join(e.file_name());
+            let t = e.file_type().unwrap();
+            if t.is_dir() {
+                out.insert(rel.clone(), None);
+                walk(root, &rel, out);
+            } else if t.is_symlink() {
+                let target = std::fs::read_link(e.path()).unwrap();
+                out.insert(rel, Some(target.into_os_string().into_encoded_bytes()));
+            } else {
+                out.insert(rel, Some(std::fs::read(e.path()).unwrap()));
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, Path::new(""), &mut out);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,8 +3,7 @@
 //! snapshot holding what its source held, flags and parents as `btrfs
 //! subvolume` reports them, and both sides can go on writing.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use testkit::{KernelImageOptions, MkfsOptions, Mount, TestDir, kernel_image};
 
@@ -65,28 +64,7 @@ fn check(img: &Path, when: &str) {
     );
 }
 
-/// Every entry below `root`: a directory, a file's bytes, a link's target.
-fn tree(root: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
-    fn walk(root: &Path, rel: &Path, out: &mut BTreeMap<PathBuf, Option<Vec<u8>>>) {
-        for e in std::fs::read_dir(root.join(rel)).unwrap() {
-            let e = e.unwrap();
-            let rel = rel.join(e.file_name());
-            let t = e.file_type().unwrap();
-            if t.is_dir() {
-                out.insert(rel.clone(), None);
-                walk(root, &rel, out);
-            } else if t.is_symlink() {
-                let target = std::fs::read_link(e.path()).unwrap();
-                out.insert(rel, Some(target.into_os_string().into_encoded_bytes()));
-            } else {
-                out.insert(rel, Some(std::fs::read(e.path()).unwrap()));
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    walk(root, Path::new(""), &mut out);
-    out
-}
+use testkit::compare::dir_contents as tree;
 
 fn bytes(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

@@ -16,25 +16,13 @@ fn ubtrfs(img: &Path, path: &str) -> Output {
 }
 
 fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{cmd:?} failed:\n{text}");
-    text
+    testkit::run(cmd).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 fn check(img: &Path, when: &str) {
-    let out = Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(img)
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && text.contains("no error found") && !text.contains("ERROR"),
-        "btrfs check {when}:\n{text}"
-    );
+    if let Err(e) = testkit::btrfs_check_file(img, &[]) {
+        panic!("{when}: {e:#}");
+    }
 }
 
 #[test]

@@ -33,29 +33,7 @@ fn check(img: &Path, when: &str) {
     }
 }
 
-/// Every entry below `root` on a kernel mount: directories, file bytes,
-/// link targets.
-fn tree(root: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
-    fn walk(root: &Path, rel: &Path, out: &mut BTreeMap<PathBuf, Option<Vec<u8>>>) {
-        for e in std::fs::read_dir(root.join(rel)).unwrap() {
-            let e = e.unwrap();
-            let rel = rel.join(e.file_name());
-            let t = e.file_type().unwrap();
-            if t.is_dir() {
-                out.insert(rel.clone(), None);
-                walk(root, &rel, out);
-            } else if t.is_symlink() {
-                let target = std::fs::read_link(e.path()).unwrap();
-                out.insert(rel, Some(target.into_os_string().into_encoded_bytes()));
-            } else {
-                out.insert(rel, Some(std::fs::read(e.path()).unwrap()));
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    walk(root, Path::new(""), &mut out);
-    out
-}
+use testkit::compare::dir_contents as tree;
 
 fn opts() -> KernelImageOptions {
     KernelImageOptions {

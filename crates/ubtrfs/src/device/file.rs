@@ -6,6 +6,10 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::{Path, PathBuf};
 
+/// How long opening waits for another holder's lock to go away.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+const LOCK_POLL: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// A regular file or block device opened with `pread`/`pwrite`.
 #[derive(Debug)]
 pub struct FileDevice {
@@ -52,10 +56,23 @@ impl FileDevice {
         // One writer or many readers per device among ubtrfs processes.
         let lock = if write { libc::LOCK_EX } else { libc::LOCK_SH };
         use std::os::fd::AsRawFd;
-        // SAFETY: flock on a file descriptor this function owns.
-        if unsafe { libc::flock(file.as_raw_fd(), lock | libc::LOCK_NB) } != 0 {
+        // A lock just released can linger for a moment: a child forked by
+        // another thread of the releasing process holds a copy of the
+        // descriptor until its exec closes it. So wait briefly before
+        // calling the device busy.
+        let mut waited = std::time::Duration::ZERO;
+        loop {
+            // SAFETY: flock on a file descriptor this function owns.
+            if unsafe { libc::flock(file.as_raw_fd(), lock | libc::LOCK_NB) } == 0 {
+                break;
+            }
             let err = std::io::Error::last_os_error();
             if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                if waited < LOCK_WAIT {
+                    std::thread::sleep(LOCK_POLL);
+                    waited += LOCK_POLL;
+                    continue;
+                }
                 return Err(Error::Devices(format!(
                     "{} is already in use by another ubtrfs process{}",
                     path.display(),

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# fsync of small writes while another file streams (the case the log tree
-# is for: one file's fsync should not wait for everybody's data). One fio
-# job does 4 KiB random writes with an fsync after each into an existing
-# 64 MiB file, another streams 1 MiB writes into a second file, both for
-# RUNTIME seconds: ubtrfs (FUSE) vs kernel btrfs vs XFS on image files of
+# fsync of small writes, alone and while another file streams (the case
+# the log tree is for: one file's fsync should not wait for everybody's
+# data). One fio job does 4 KiB random writes with an fsync after each into
+# an existing 64 MiB file for RUNTIME seconds; then again while another job
+# streams 1 MiB writes into a second file: ubtrfs (FUSE) vs kernel btrfs vs XFS on image files of
 # the same size on the same disk, in one run. Prints a Markdown table.
 #
 #   sudo bench/fsync-mixed.sh [--runtime S] [--targets LIST]
@@ -67,22 +67,34 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# The two jobs on the mounted target; prints "iops mean_ms p99_ms stream_mbs".
+# On the mounted target: the fsync job alone, then with the stream
+# alongside; prints "alone_iops alone_mean alone_p99 iops mean_ms p99_ms
+# stream_mbs".
 measure() {
     fio --name=prep --directory="$MNT" --filename=small --size=64M --rw=write --bs=1M \
         --end_fsync=1 >/dev/null
     sync
     fio --output-format=json --directory="$MNT" --time_based --runtime="$RUNTIME" \
         --name=sync --filename=small --size=64M --rw=randwrite --bs=4k --fsync=1 --ioengine=psync \
+        >"$W/fio-$1-alone.json"
+    sync
+    fio --output-format=json --directory="$MNT" --time_based --runtime="$RUNTIME" \
+        --name=sync --filename=small --size=64M --rw=randwrite --bs=4k --fsync=1 --ioengine=psync \
         --name=stream --filename=big --size=1G --rw=write --bs=1M --ioengine=psync \
         >"$W/fio-$1.json"
-    python3 - "$W/fio-$1.json" <<'PY'
+    python3 - "$W/fio-$1-alone.json" "$W/fio-$1.json" <<'PY'
 import json, sys
-jobs = {j["jobname"]: j for j in json.load(open(sys.argv[1]))["jobs"]}
-s, b = jobs["sync"], jobs["stream"]
-lat = s["sync"]["lat_ns"]
-p99 = lat.get("percentile", {}).get("99.000000", 0)
-print("%.0f %.2f %.2f %.0f" % (s["write"]["iops"], lat["mean"] / 1e6, p99 / 1e6, b["write"]["bw"] / 1024))
+def sync_job(path):
+    jobs = {j["jobname"]: j for j in json.load(open(path))["jobs"]}
+    s = jobs["sync"]
+    if s.get("error"):
+        sys.exit("fio sync job failed with error %d" % s["error"])
+    lat = s["sync"]["lat_ns"]
+    p99 = lat.get("percentile", {}).get("99.000000", 0)
+    return jobs, "%.0f %.2f %.2f" % (s["write"]["iops"], lat["mean"] / 1e6, p99 / 1e6)
+_, alone = sync_job(sys.argv[1])
+jobs, mixed = sync_job(sys.argv[2])
+print(alone, mixed, "%.0f" % (jobs["stream"]["write"]["bw"] / 1024))
 PY
 }
 
@@ -117,27 +129,27 @@ ratio() { # ubtrfs-value other-value
     python3 -c 'import sys; a, b = map(float, sys.argv[1:]); print("%.2f" % (a / b) if b else "n/a")' "$1" "$2"
 }
 {
-    echo "## fsync of 4 KiB random writes while another file streams ($RUNTIME s per target)"
+    echo "## fsync of 4 KiB random writes, alone and while another file streams ($RUNTIME s each)"
     echo
-    echo "| target | write+fsync IOPS | fsync mean ms | fsync p99 ms | stream MB/s |"
-    echo "|---|---|---|---|---|"
+    echo "| target | alone: IOPS | alone: fsync mean ms | alone: p99 ms | with stream: IOPS | mean ms | p99 ms | stream MB/s |"
+    echo "|---|---|---|---|---|---|---|---|"
     for t in $TARGETS; do
-        read -r iops mean p99 mbs <<<"${ROW[$t]}"
-        echo "| $t | $iops | $mean | $p99 | $mbs |"
+        read -r ai am ap iops mean p99 mbs <<<"${ROW[$t]}"
+        echo "| $t | $ai | $am | $ap | $iops | $mean | $p99 | $mbs |"
     done
     if [[ -n ${ROW[ubtrfs]:-} ]]; then
-        read -r ui _ _ us <<<"${ROW[ubtrfs]}"
+        read -r uai _ _ ui _ _ us <<<"${ROW[ubtrfs]}"
         for t in btrfs xfs; do
             [[ -n ${ROW[$t]:-} ]] || continue
-            read -r oi _ _ os <<<"${ROW[$t]}"
+            read -r oai _ _ oi _ _ os <<<"${ROW[$t]}"
             echo
-            echo "ubtrfs / $t: fsync IOPS $(ratio "$ui" "$oi"), stream $(ratio "$us" "$os")"
+            echo "ubtrfs / $t: fsync IOPS alone $(ratio "$uai" "$oai"), with the stream $(ratio "$ui" "$oi"), stream $(ratio "$us" "$os")"
         done
     fi
     echo
     echo "Images: $IMG_SIZE sparse files in \`$W\` (btrfs: \`mkfs.btrfs $MKFS_BTRFS_OPTS\`), kernel"
-    echo "filesystems on loop devices, ubtrfs with \`ubtrfs mount\` defaults (every fsync commits the"
-    echo "transaction today). Commit $commit$dirty; ubtrfs ${UBTRFS_ID:-not run}."
+    echo "filesystems on loop devices, ubtrfs with \`ubtrfs mount\` defaults (fsync logs the file)."
+    echo "Commit $commit$dirty; ubtrfs ${UBTRFS_ID:-not run}."
     echo "Machine: $(nproc) CPUs ($cpu), $mem RAM, Linux $(uname -r). Load average at the start:"
     echo "$LOAD_START, at the end: $(cut -d' ' -f1 /proc/loadavg)."
 } >"$results"

@@ -531,11 +531,11 @@ impl fuser::Filesystem for FuseFs {
         reply.ok();
     }
 
-    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
+    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, ds: bool, reply: ReplyEmpty) {
         // The kernel has written back the file's dirty pages and waited for
-        // those writes before it asks. No log tree yet: an fsync commits the
-        // whole transaction. On a read-only mount nothing is ever dirty.
-        match self.served.commit("fsync") {
+        // those writes before it asks. The library logs the file when it
+        // can, else commits. On a read-only mount nothing is ever dirty.
+        match self.served.fsync(self.inode_of(ino), ino, ds) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }

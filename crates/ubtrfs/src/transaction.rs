@@ -353,8 +353,8 @@ pub struct Writer {
     /// Trees whose root changed in the running transaction.
     dirty_roots: BTreeSet<u64>,
     chunk_tree_uuid: [u8; 16],
-    /// Each device's superblock bytes, by devid.
-    dev_supers: BTreeMap<u64, Box<[u8; SUPER_SIZE]>>,
+    /// Each device's superblock bytes, by devid, as last written by a commit.
+    pub(crate) dev_supers: BTreeMap<u64, Box<[u8; SUPER_SIZE]>>,
     /// The tree holding block group items (extent tree or block group tree).
     bg_tree: u64,
     /// Whether the filesystem keeps a free-space tree.
@@ -377,6 +377,10 @@ pub struct Writer {
     /// Subvolumes whose root changed in this transaction without their
     /// content changing (a snapshot's source): their ctransid stays.
     pub(crate) keep_ctransid: HashSet<u64>,
+    /// The log tree fsyncs wrote in this transaction, if any.
+    pub(crate) log: Option<crate::tree_log::LogTree>,
+    /// Check each incremental log against one made from scratch (tests).
+    pub(crate) log_self_check: bool,
 }
 
 impl Writer {
@@ -402,7 +406,7 @@ impl Writer {
 
     /// Whether the running transaction changed anything.
     pub fn is_dirty(&self) -> bool {
-        !self.dirty_roots.is_empty() || !self.blocks.refs.is_empty()
+        !self.dirty_roots.is_empty() || !self.blocks.refs.is_empty() || self.log.is_some()
     }
 }
 
@@ -539,11 +543,13 @@ impl Filesystem {
             compress: None,
             csum_mode: Default::default(),
             csum_stats: Default::default(),
+            log: None,
+            log_self_check: false,
         }));
         Ok(fs)
     }
 
-    fn lock_writer(&self) -> Result<std::sync::MutexGuard<'_, Writer>> {
+    pub(crate) fn lock_writer(&self) -> Result<std::sync::MutexGuard<'_, Writer>> {
         self.writer
             .as_ref()
             .ok_or_else(|| Error::ReadOnly("the filesystem was opened read-only".into()))
@@ -568,14 +574,25 @@ impl Filesystem {
     }
 
     /// Metadata kept free for commits and deletions.
-    fn metadata_reserve(&self) -> u64 {
+    pub(crate) fn metadata_reserve(&self) -> u64 {
         (2u64 << 20).max(128 * self.geometry().nodesize as u64)
     }
 
     /// Keep twice the reserve free, adding a metadata chunk when needed.
-    fn reserve_metadata(&self, w: &mut Writer, deleting: bool) -> Result<()> {
+    pub(crate) fn reserve_metadata(&self, w: &mut Writer, deleting: bool) -> Result<()> {
         let reserve = self.metadata_reserve();
-        if w.blocks.alloc.free_bytes(SpaceKind::Metadata) < 2 * reserve {
+        let low = |w: &Writer| w.blocks.alloc.free_bytes(SpaceKind::Metadata) < 2 * reserve;
+        // Space the log and this transaction's freed blocks hold comes
+        // back with a commit: take that before a new chunk, as the kernel
+        // commits before it grows or says ENOSPC. (A commit reserves with
+        // `deleting`, so it never commits again from here.)
+        if !deleting
+            && low(w)
+            && (w.log.is_some() || w.blocks.alloc.pinned_bytes(SpaceKind::Metadata) >= reserve)
+        {
+            self.commit_locked(w)?;
+        }
+        if low(w) {
             match self.alloc_chunk(w, SpaceKind::Metadata) {
                 Ok(()) | Err(Error::NoSpace(_)) => {}
                 Err(e) => return Err(e),
@@ -679,6 +696,11 @@ impl Filesystem {
         self.writeback_all(w)?;
         if !w.is_dirty() {
             return Ok(());
+        }
+        // The log's blocks are free in what this commit writes (the
+        // kernel's are too) and reusable once it is on disk.
+        if let Some(log) = w.log.take() {
+            log.discard(&mut w.blocks.alloc)?;
         }
         self.settle(w)?;
         self.write_out(w)

@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
-use ubtrfs::fs::Filesystem;
+use ubtrfs::fs::{Filesystem, InodeId};
+use ubtrfs::tree_log::Synced;
 
 /// A [`Filesystem`] and the state around it while it is mounted.
 pub struct Served {
@@ -146,6 +147,49 @@ impl Served {
                 let msg = error_text(&e);
                 tracing::error!(
                     "{why} commit failed: {msg}; the filesystem takes no more changes, and those since the last commit are lost"
+                );
+                self.fail(msg);
+                Err(Errno::EIO)
+            }
+        }
+    }
+
+    /// fsync of inode `id` (FUSE inode `ino`): logged when the library
+    /// can, else the running transaction is committed. A failure is
+    /// handled as a failed commit.
+    pub fn fsync(&self, id: InodeId, ino: INodeNo, datasync: bool) -> Result<(), Errno> {
+        if !self.writable {
+            return Ok(());
+        }
+        let alone = self.lock.write().unwrap_or_else(|e| e.into_inner());
+        if self.closed.load(Ordering::Acquire) {
+            return match self.failure() {
+                Some(_) => Err(Errno::EIO),
+                None => Ok(()),
+            };
+        }
+        match self.fs.fsync(id, datasync) {
+            Ok(how) => {
+                tracing::debug!("fsync of inode {}: {how:?}", id.ino);
+                let touched = {
+                    let mut t = self.touched.lock().unwrap_or_else(|e| e.into_inner());
+                    match how {
+                        Synced::Committed => std::mem::take(&mut *t),
+                        // Only this file's data was written back.
+                        Synced::Logged | Synced::Nothing => t.take(&ino.0).into_iter().collect(),
+                    }
+                };
+                drop(alone);
+                for ino in touched {
+                    self.invalidate_attrs(INodeNo(ino));
+                }
+                Ok(())
+            }
+            Err(ubtrfs::Error::NotFound(_)) => Err(Errno::ENOENT),
+            Err(e) => {
+                let msg = error_text(&e);
+                tracing::error!(
+                    "fsync failed: {msg}; the filesystem takes no more changes, and those since the last commit are lost"
                 );
                 self.fail(msg);
                 Err(Errno::EIO)

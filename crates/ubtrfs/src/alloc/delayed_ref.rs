@@ -77,6 +77,16 @@ pub struct DelayedRefs {
 }
 
 impl DelayedRefs {
+    /// Bytes of data extents losing references in this transaction: at
+    /// most what its commit frees (less where other references remain).
+    pub fn data_bytes_dropping(&self) -> u64 {
+        self.data
+            .values()
+            .filter(|d| d.changes.values().sum::<i64>() < 0)
+            .map(|d| d.len)
+            .sum()
+    }
+
     /// A new tree block of tree `owner`.
     pub fn add_tree(&mut self, bytenr: u64, level: u8, owner: u64) {
         self.tree.entry(bytenr).or_default().new = true;

@@ -168,6 +168,15 @@ impl Allocator {
         self.groups.values().map(|g| g.used).sum()
     }
 
+    /// Pinned bytes (free after the next commit) of groups of `kind`.
+    pub fn pinned_bytes(&self, kind: SpaceKind) -> u64 {
+        self.groups
+            .values()
+            .filter(|g| g.flags & kind.flag() != 0)
+            .map(|g| g.pinned.total())
+            .sum()
+    }
+
     /// Free bytes (not counting pinned space) of groups of `kind`.
     pub fn free_bytes(&self, kind: SpaceKind) -> u64 {
         self.groups

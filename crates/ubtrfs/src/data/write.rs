@@ -119,16 +119,38 @@ impl Filesystem {
     /// Make sure `more` bytes of dirty data can be written back later:
     /// every dirty sector needs a new one on disk (copy-on-write).
     fn reserve_dirty_space(&self, w: &mut Writer, more: u64) -> Result<()> {
-        let need = self.delalloc().bytes() + more;
-        if w.blocks.alloc.free_bytes(SpaceKind::Data) >= need {
+        let enough = |fs: &Self, w: &Writer| {
+            w.blocks.alloc.free_bytes(SpaceKind::Data) >= fs.delalloc().bytes() + more
+        };
+        if enough(self, w) {
             return Ok(());
+        }
+        // Space freed since the last commit is pinned until the next one:
+        // when that would do, commit rather than take a new chunk (the
+        // device would fill with data chunks that metadata then lacks),
+        // as the kernel commits before it grows or says ENOSPC.
+        let short = (self.delalloc().bytes() + more)
+            .saturating_sub(w.blocks.alloc.free_bytes(SpaceKind::Data));
+        let freed_by_commit =
+            w.blocks.alloc.pinned_bytes(SpaceKind::Data) + w.blocks.refs.data_bytes_dropping();
+        if freed_by_commit >= short {
+            self.commit_locked(w)?;
+            if enough(self, w) {
+                return Ok(());
+            }
         }
         match self.alloc_chunk(w, SpaceKind::Data) {
             Ok(()) | Err(Error::NoSpace(_)) => {}
             Err(e) => return Err(e),
         }
-        if w.blocks.alloc.free_bytes(SpaceKind::Data) >= need {
+        if enough(self, w) {
             return Ok(());
+        }
+        if w.blocks.alloc.pinned_bytes(SpaceKind::Data) + w.blocks.refs.data_bytes_dropping() > 0 {
+            self.commit_locked(w)?;
+            if enough(self, w) {
+                return Ok(());
+            }
         }
         Err(Error::NoSpace(format!(
             "no data space for {more} more bytes of dirty data"

@@ -321,6 +321,23 @@ impl<'a> Tree<'a> {
         })
     }
 
+    /// The leaves holding keys in `start..=end`, in order (the first may
+    /// hold only keys before `start`). A leaf changed since is a new
+    /// block, so holding these tells later which ones changed.
+    pub fn leaves(&self, start: Key, end: Key) -> Result<Vec<Arc<Node>>> {
+        let mut it = self.range(start, end)?;
+        let mut out = Vec::new();
+        loop {
+            match it.path.last() {
+                Some((leaf, _)) => out.push(leaf.clone()),
+                None => return Ok(out),
+            }
+            if !it.next_leaf()? {
+                return Ok(out);
+            }
+        }
+    }
+
     /// Every item whose objectid and type are given (any offset).
     pub fn items_of(&self, objectid: u64, item_type: u8) -> Result<TreeIter<'a>> {
         self.range(

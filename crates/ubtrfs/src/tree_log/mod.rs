@@ -12,17 +12,21 @@
 //!   memory for a read-only open, so that readers never see the state
 //!   before the fsyncs the kernel would show.
 //!
-//! - `write`: [`Filesystem::fsync`]; writing our own log on fsync is
-//!   not done yet: it commits the transaction.
+//! - `write`: [`Filesystem::fsync`], which logs a changed file when it
+//!   can and commits otherwise;
+//! - `log_tree`: the log being written, its blocks and the log sync.
 
 mod extents;
 mod fixup;
+mod log_tree;
 mod names;
 pub mod read;
 mod replay;
 mod write;
 
+pub(crate) use log_tree::LogTree;
 pub use replay::ReplaySummary;
+pub use write::Synced;
 
 use crate::format::consts::ROOT_TREE_OBJECTID;
 use crate::fs::Filesystem;

@@ -1,15 +1,44 @@
-//! fsync: the entry point that makes one inode's changes durable.
+//! fsync: make one inode's changes durable, through the log tree when it
+//! can (DESIGN.md layer 9, seed 000), else by committing.
 //!
-//! The fast path of DESIGN.md layer 9 (log the inode's items into the
-//! kernel-format log tree, one flush, then the superblock with `log_root`
-//! by FUA) is not written yet. Until it is, every fsync takes the path the
-//! kernel itself falls back to when it cannot log: a full transaction
-//! commit, which is always correct (it makes more durable, never less).
-//! Callers use [`Filesystem::fsync`] so that the log path can replace the
-//! fallback without changing them.
+//! The log path, for a regular file that the last commit already had
+//! under the same names: write its dirty data back, log what differs from
+//! the committed file (the inode item, all its xattrs, the file extent
+//! items that changed, a hole item where committed data went, and the
+//! checksums of the logged extents), then write the log's blocks, flush
+//! once, and write the superblock with `log_root` by FUA. A replay, the
+//! kernel's or ours, then rebuilds the file from the committed tree and
+//! the log.
+//!
+//! Everything else commits the running transaction, the kernel's own
+//! fallback when it cannot log: new, renamed or linked inodes (their
+//! directories would have to be logged too), directories, files with
+//! extents past their end, and any failure while logging (the commit then
+//! drops the half-changed log). A commit always makes at least as much
+//! durable as the log would.
 
-use crate::Result;
+use super::log_tree::{ItemMap, LogTree, LoggedInode};
+use crate::format::Key;
+use crate::format::consts::*;
+use crate::format::items::{ExtentBody, FileExtentItem, InodeItem, RootItem};
+use crate::format::node::Node;
 use crate::fs::{Filesystem, InodeId};
+use crate::transaction::Writer;
+use crate::tree::{ItemRef, RootPtr, Tree};
+use crate::{Error, Result};
+use std::collections::HashSet;
+use std::sync::Arc;
+
+/// How an fsync made its inode durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Synced {
+    /// Nothing had changed since the last commit.
+    Nothing,
+    /// The inode's changes went into the log tree.
+    Logged,
+    /// The whole running transaction was committed.
+    Committed,
+}
 
 impl Filesystem {
     /// Make every change to inode `id` durable: its data, size, attributes,
@@ -17,13 +46,441 @@ impl Filesystem {
     /// promises. When this returns, a crash followed by any mount (the
     /// kernel's or ubtrfs's) shows the inode at least as it was here.
     ///
-    /// Today this commits the whole running transaction (the kernel's
-    /// fallback when an inode cannot be logged); `datasync` therefore makes
-    /// no difference yet. Fails if `id` does not exist.
-    pub fn fsync(&self, id: InodeId, datasync: bool) -> Result<()> {
+    /// A regular file whose names are those of the last commit is logged
+    /// (one cache flush and one superblock write); anything else commits
+    /// the running transaction. `datasync` makes no difference yet. Fails
+    /// if `id` does not exist.
+    pub fn fsync(&self, id: InodeId, datasync: bool) -> Result<Synced> {
         let _ = datasync;
         // A missing inode is the caller's error, not something to commit for.
         self.stat(id)?;
-        self.commit()
+        let mut w = self.lock_writer()?;
+        if !w.is_dirty() && !self.delalloc().has(id) {
+            return Ok(Synced::Nothing);
+        }
+        let logged = self.writeback(&mut w, id).and_then(|()| {
+            if self.may_log(&mut w)? {
+                self.log_inode(&mut w, id)
+            } else {
+                Ok(false)
+            }
+        });
+        match logged {
+            Ok(true) => Ok(Synced::Logged),
+            Err(e) if w.log_self_check => Err(e),
+            // Whatever stopped the log, the commit drops it and makes
+            // everything durable; its own failure is the one to report.
+            Ok(false) | Err(_) => {
+                self.commit_locked(&mut w)?;
+                Ok(Synced::Committed)
+            }
+        }
     }
+
+    /// Whether the log may take more metadata space: the commit that
+    /// drops it must still find its reserve. Adds a metadata chunk when
+    /// the space runs low, as any change does.
+    fn may_log(&self, w: &mut Writer) -> Result<bool> {
+        self.reserve_metadata(w, false)?;
+        Ok(w.blocks.alloc.free_bytes(crate::alloc::SpaceKind::Metadata)
+            >= 2 * self.metadata_reserve())
+    }
+
+    /// The root of subvolume `subvol` as the last commit left it, if it had
+    /// the subvolume.
+    fn committed_root(&self, w: &Writer, subvol: u64) -> Result<Option<RootPtr>> {
+        let Some(raw) = w.dev_supers.values().next() else {
+            return Err(Error::Devices("no device to read the superblock of".into()));
+        };
+        let le = |o: usize| u64::from_le_bytes(raw[o..o + 8].try_into().unwrap_or_default());
+        let root_tree = RootPtr {
+            bytenr: le(0x50),
+            level: raw[0xc6],
+            generation: Some(le(0x48)),
+        };
+        let found = self
+            .tree_reader()
+            .tree(root_tree)
+            .get_le(&Key::new(subvol, ROOT_ITEM_KEY, u64::MAX))?
+            .filter(|it| it.key().objectid == subvol && it.key().item_type == ROOT_ITEM_KEY);
+        let Some(item) = found else {
+            return Ok(None);
+        };
+        let r = RootItem::parse(item.data())?;
+        Ok(Some(RootPtr {
+            bytenr: r.bytenr,
+            level: r.level,
+            generation: Some(r.generation),
+        }))
+    }
+
+    /// Log inode `id` (its dirty data already written back) and sync the
+    /// log. False if the inode cannot be logged: the caller commits.
+    ///
+    /// A file logged before in this transaction is logged again only
+    /// where it changed since: the fs tree leaves holding its extents that
+    /// are new blocks since then (and its old ones that went) say which
+    /// file ranges to look at again, so the cost follows the change, not
+    /// the size of the file.
+    fn log_inode(&self, w: &mut Writer, id: InodeId) -> Result<bool> {
+        let Some(old_root) = self.committed_root(w, id.subvol)? else {
+            return Ok(false);
+        };
+        let cur = self.fs_tree(id.subvol)?;
+        let old = self.tree_reader().tree(old_root);
+        let Some((head, item)) = inode_head(&cur, &old, id.ino)? else {
+            return Ok(false);
+        };
+        let geo = self.geometry();
+        let ss = geo.sectorsize as u64;
+        let end = item.size.div_ceil(ss) * ss;
+        let transid = w.blocks.transid;
+        let leaves = cur.leaves(
+            Key::new(id.ino, EXTENT_DATA_KEY, 0),
+            Key::new(id.ino, EXTENT_DATA_KEY, u64::MAX),
+        )?;
+        if w.log.is_none() {
+            w.log = Some(LogTree::new(
+                self.tree_reader().volume().clone(),
+                self.superblock(),
+                transid,
+                w.chunk_tree_uuid(),
+            ));
+        }
+        let Writer {
+            log,
+            blocks,
+            dev_supers,
+            log_self_check,
+            ..
+        } = &mut *w;
+        let log = log
+            .as_mut()
+            .ok_or_else(|| Error::corrupt("the log vanished"))?;
+        let dirty = match log.inode(id) {
+            None => vec![(0, u64::MAX)],
+            Some(prev) => changed_ranges(prev, &leaves, id.ino, item.size, ss)?,
+        };
+        let csums = self.csum_tree()?;
+        let mut lookup = |start: u64, count: usize| -> Result<Vec<Option<Vec<u8>>>> {
+            let Some(t) = &csums else {
+                return Ok(vec![None; count]);
+            };
+            let sums = crate::csum_tree::lookup(t, start, count, geo.sectorsize, geo.csum_size)?;
+            Ok(sums
+                .into_iter()
+                .map(|c| c.map(|c| c[..geo.csum_size].to_vec()))
+                .collect())
+        };
+        for (x, y) in dirty {
+            let (a, b) = expand(&cur, log.items(id.subvol), id.ino, x, y, ss)?;
+            let Some(want) = extent_want(&cur, &old, id.ino, (a, b), end, transid, ss)? else {
+                return Ok(false);
+            };
+            log.set_extents(
+                &mut blocks.alloc,
+                id.subvol,
+                id.ino,
+                a,
+                b,
+                want,
+                &mut lookup,
+            )?;
+        }
+        log.set_range(
+            &mut blocks.alloc,
+            id.subvol,
+            Key::new(id.ino, 0, 0),
+            Key::new(id.ino, EXTENT_DATA_KEY - 1, u64::MAX),
+            head,
+        )?;
+        log.remember(
+            id,
+            LoggedInode {
+                leaves,
+                size: item.size,
+            },
+        );
+        if *log_self_check {
+            let full = extent_want(&cur, &old, id.ino, (0, u64::MAX), end, transid, ss)?
+                .ok_or_else(|| Error::corrupt("log self-check: the file cannot be logged"))?;
+            let lo = Key::new(id.ino, EXTENT_DATA_KEY, 0);
+            let hi = Key::new(id.ino, EXTENT_DATA_KEY, u64::MAX);
+            let have: ItemMap = log
+                .items(id.subvol)
+                .map(|m| m.range(lo..=hi).map(|(k, v)| (*k, v.clone())).collect())
+                .unwrap_or_default();
+            if have != full {
+                return Err(Error::corrupt(format!(
+                    "log self-check: inode {} logged incrementally as {:?}, from scratch as {:?}",
+                    id.ino,
+                    have.keys().map(|k| k.offset).collect::<Vec<_>>(),
+                    full.keys().map(|k| k.offset).collect::<Vec<_>>()
+                )));
+            }
+        }
+        let reader = self.tree_reader();
+        log.sync(
+            &mut blocks.alloc,
+            reader.volume(),
+            dev_supers,
+            reader.csum_type(),
+        )?;
+        Ok(true)
+    }
+
+    /// Check every incremental log against one made from scratch, failing
+    /// the fsync on a difference (for tests; slow on big files).
+    #[doc(hidden)]
+    pub fn set_log_self_check(&self, on: bool) -> Result<()> {
+        self.lock_writer()?.log_self_check = on;
+        Ok(())
+    }
+}
+
+/// The inode item and xattrs of inode `ino` for the log, and its inode
+/// item; `None` if it cannot be logged: not in the committed tree, not a
+/// regular file, unlinked, or named otherwise than there (the replay of
+/// names needs their directories logged).
+fn inode_head(cur: &Tree<'_>, old: &Tree<'_>, ino: u64) -> Result<Option<(ItemMap, InodeItem)>> {
+    let (lo, hi) = (
+        Key::new(ino, 0, 0),
+        Key::new(ino, EXTENT_DATA_KEY - 1, u64::MAX),
+    );
+    let c = split(cur.range(lo, hi)?)?;
+    let o = split(old.range(lo, hi)?)?;
+    let (Some(inode), Some(_)) = (&c.inode, &o.inode) else {
+        return Ok(None);
+    };
+    let item = InodeItem::parse(inode.data())?;
+    if item.mode & libc::S_IFMT != libc::S_IFREG || item.nlink == 0 {
+        return Ok(None);
+    }
+    let names = |s: &Split| -> Vec<(Key, Vec<u8>)> {
+        s.names
+            .iter()
+            .map(|it| (it.key(), it.data().to_vec()))
+            .collect()
+    };
+    if names(&c) != names(&o) {
+        return Ok(None);
+    }
+    let mut head = ItemMap::new();
+    head.insert(inode.key(), inode.data().to_vec());
+    for x in &c.xattrs {
+        head.insert(x.key(), x.data().to_vec());
+    }
+    Ok(Some((head, item)))
+}
+
+/// The file ranges of inode `ino` that may have changed since `prev` was
+/// logged: the spans of its extent items in leaves that went or came,
+/// and the range between the old and new size.
+fn changed_ranges(
+    prev: &LoggedInode,
+    now: &[Arc<Node>],
+    ino: u64,
+    size: u64,
+    ss: u64,
+) -> Result<Vec<(u64, u64)>> {
+    let ptrs = |v: &[Arc<Node>]| -> HashSet<*const Node> { v.iter().map(Arc::as_ptr).collect() };
+    let (before, after) = (ptrs(&prev.leaves), ptrs(now));
+    let mut d = Vec::new();
+    let went = prev
+        .leaves
+        .iter()
+        .filter(|l| !after.contains(&Arc::as_ptr(l)));
+    let came = now.iter().filter(|l| !before.contains(&Arc::as_ptr(l)));
+    for leaf in went.chain(came) {
+        for slot in 0..leaf.nritems() {
+            let k = leaf.key(slot);
+            if k.objectid == ino && k.item_type == EXTENT_DATA_KEY {
+                d.push(span(&k, leaf.item(slot).data, ss)?);
+            }
+        }
+    }
+    if prev.size != size {
+        let (lo, hi) = (prev.size.min(size), prev.size.max(size));
+        d.push((lo / ss * ss, hi.div_ceil(ss) * ss));
+    }
+    d.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::new();
+    for (s, e) in d {
+        match merged.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => merged.push((s, e)),
+        }
+    }
+    Ok(merged)
+}
+
+/// Widen `[x, y)` until it starts and ends at the start of an extent item
+/// of the file (or at 0 and the end of all offsets) and no logged item
+/// reaches across its ends: then what the log holds outside it stays
+/// right, and inside it is made anew.
+fn expand(
+    cur: &Tree<'_>,
+    logged: Option<&ItemMap>,
+    ino: u64,
+    x: u64,
+    y: u64,
+    ss: u64,
+) -> Result<(u64, u64)> {
+    let ours = |k: &Key| k.objectid == ino && k.item_type == EXTENT_DATA_KEY;
+    let (mut a, mut b) = (x, y);
+    loop {
+        let (a0, b0) = (a, b);
+        a = cur
+            .get_le(&Key::new(ino, EXTENT_DATA_KEY, a))?
+            .map(|it| it.key())
+            .filter(ours)
+            .map_or(0, |k| k.offset);
+        if b != u64::MAX {
+            b = cur
+                .range(
+                    Key::new(ino, EXTENT_DATA_KEY, b),
+                    Key::new(ino, EXTENT_DATA_KEY, u64::MAX),
+                )?
+                .next()
+                .transpose()?
+                .map_or(u64::MAX, |it| it.key().offset);
+        }
+        if let Some(m) = logged {
+            let lo = Key::new(ino, EXTENT_DATA_KEY, 0);
+            if let Some((k, v)) = m.range(lo..=Key::new(ino, EXTENT_DATA_KEY, a)).next_back()
+                && span(k, v, ss)?.1 > a
+            {
+                a = k.offset;
+            }
+            if b != u64::MAX
+                && let Some((k, v)) = m.range(lo..Key::new(ino, EXTENT_DATA_KEY, b)).next_back()
+            {
+                b = b.max(span(k, v, ss)?.1);
+            }
+        }
+        if (a, b) == (a0, b0) {
+            return Ok((a, b));
+        }
+    }
+}
+
+/// What the log must hold of inode `ino`'s extent items at offsets in
+/// `[a, b)` (each end the start of an extent item, or 0 and the end of
+/// all offsets), for a file ending at `end` (sector-rounded): the items
+/// not in the committed file as they are, and a hole item wherever the
+/// committed file had data and the file has none. `None` if an item lies
+/// past the end (preallocated space the kernel logs its own way).
+fn extent_want(
+    cur: &Tree<'_>,
+    old: &Tree<'_>,
+    ino: u64,
+    (a, b): (u64, u64),
+    end: u64,
+    transid: u64,
+    ss: u64,
+) -> Result<Option<ItemMap>> {
+    let mut want = ItemMap::new();
+    let mut pos = a;
+    for it in cur.range(
+        Key::new(ino, EXTENT_DATA_KEY, a),
+        Key::new(ino, EXTENT_DATA_KEY, b.saturating_sub(1)),
+    )? {
+        let it = it?;
+        let (start, stop) = span(&it.key(), it.data(), ss)?;
+        if start >= end {
+            return Ok(None);
+        }
+        let same = old.get(&it.key())?.is_some_and(|o| o.data() == it.data());
+        if !same {
+            want.insert(it.key(), it.data().to_vec());
+        }
+        if start > pos {
+            hole(&mut want, old, ino, pos, start.min(end), transid)?;
+        }
+        pos = pos.max(stop);
+    }
+    if pos < b.min(end) {
+        hole(&mut want, old, ino, pos, b.min(end), transid)?;
+    }
+    Ok(Some(want))
+}
+
+/// One inode's items, by kind.
+#[derive(Default)]
+struct Split {
+    inode: Option<ItemRef>,
+    names: Vec<ItemRef>,
+    xattrs: Vec<ItemRef>,
+    extents: Vec<ItemRef>,
+}
+
+fn split(items: impl Iterator<Item = Result<ItemRef>>) -> Result<Split> {
+    let mut s = Split::default();
+    for it in items {
+        let it = it?;
+        match it.key().item_type {
+            INODE_ITEM_KEY => s.inode = Some(it),
+            INODE_REF_KEY | INODE_EXTREF_KEY => s.names.push(it),
+            XATTR_ITEM_KEY => s.xattrs.push(it),
+            EXTENT_DATA_KEY => s.extents.push(it),
+            _ => {}
+        }
+    }
+    Ok(s)
+}
+
+/// The file range extent item `key`/`data` covers; an inline extent
+/// fills its sectors (`ss`).
+fn span(key: &Key, data: &[u8], ss: u64) -> Result<(u64, u64)> {
+    let fe = FileExtentItem::parse(data)?;
+    let len = match fe.body {
+        ExtentBody::Regular { num_bytes, .. } => num_bytes,
+        ExtentBody::Inline(_) => fe.ram_bytes.div_ceil(ss) * ss,
+    };
+    Ok((key.offset, key.offset + len))
+}
+
+/// Log a hole over `[from, to)` if the committed file had data there.
+fn hole(
+    want: &mut ItemMap,
+    old: &Tree<'_>,
+    ino: u64,
+    from: u64,
+    to: u64,
+    transid: u64,
+) -> Result<()> {
+    if from >= to {
+        return Ok(());
+    }
+    // The committed item starting last before `to` is the only one that
+    // can reach into the range without starting in it.
+    let had = match old
+        .get_le(&Key::new(ino, EXTENT_DATA_KEY, to - 1))?
+        .filter(|it| it.key().objectid == ino && it.key().item_type == EXTENT_DATA_KEY)
+    {
+        Some(it) => {
+            let (s, e) = span(&it.key(), it.data(), 1)?;
+            s >= from || e > from
+        }
+        None => false,
+    };
+    if !had {
+        return Ok(());
+    }
+    let fe = FileExtentItem {
+        generation: transid,
+        ram_bytes: to - from,
+        compression: 0,
+        encryption: 0,
+        other_encoding: 0,
+        extent_type: FILE_EXTENT_REG,
+        body: ExtentBody::Regular {
+            disk_bytenr: 0,
+            disk_num_bytes: 0,
+            offset: 0,
+            num_bytes: to - from,
+        },
+    };
+    want.insert(Key::new(ino, EXTENT_DATA_KEY, from), fe.to_bytes());
+    Ok(())
 }

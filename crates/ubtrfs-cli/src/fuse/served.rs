@@ -120,6 +120,25 @@ impl Served {
     /// mount has nothing to commit. A failure is logged, closes the
     /// filesystem to changes and answers `EIO`.
     pub fn commit(&self, why: &str) -> Result<(), Errno> {
+        let what = format!("{why} commit");
+        self.make_durable(&what, None, |fs| fs.commit().map(|()| Synced::Committed))
+    }
+
+    /// fsync of inode `id` (FUSE inode `ino`): logged when the library
+    /// can, else the running transaction is committed. A failure is
+    /// handled as a failed commit.
+    pub fn fsync(&self, id: InodeId, ino: INodeNo, datasync: bool) -> Result<(), Errno> {
+        self.make_durable("fsync", Some(ino), |fs| fs.fsync(id, datasync))
+    }
+
+    /// Run `op`, which commits or logs `ino`, alone; then drop the
+    /// attributes the kernel caches of the files whose data it wrote back.
+    fn make_durable(
+        &self,
+        why: &str,
+        ino: Option<INodeNo>,
+        op: impl FnOnce(&Filesystem) -> ubtrfs::Result<Synced>,
+    ) -> Result<(), Errno> {
         if !self.writable {
             return Ok(());
         }
@@ -132,51 +151,17 @@ impl Served {
                 None => Ok(()),
             };
         }
-        match self.fs.commit() {
-            Ok(()) => {
-                tracing::debug!("committed ({why})");
-                let touched =
-                    std::mem::take(&mut *self.touched.lock().unwrap_or_else(|e| e.into_inner()));
-                drop(alone);
-                for ino in touched {
-                    self.invalidate_attrs(INodeNo(ino));
-                }
-                Ok(())
-            }
-            Err(e) => {
-                let msg = error_text(&e);
-                tracing::error!(
-                    "{why} commit failed: {msg}; the filesystem takes no more changes, and those since the last commit are lost"
-                );
-                self.fail(msg);
-                Err(Errno::EIO)
-            }
-        }
-    }
-
-    /// fsync of inode `id` (FUSE inode `ino`): logged when the library
-    /// can, else the running transaction is committed. A failure is
-    /// handled as a failed commit.
-    pub fn fsync(&self, id: InodeId, ino: INodeNo, datasync: bool) -> Result<(), Errno> {
-        if !self.writable {
-            return Ok(());
-        }
-        let alone = self.lock.write().unwrap_or_else(|e| e.into_inner());
-        if self.closed.load(Ordering::Acquire) {
-            return match self.failure() {
-                Some(_) => Err(Errno::EIO),
-                None => Ok(()),
-            };
-        }
-        match self.fs.fsync(id, datasync) {
+        match op(&self.fs) {
             Ok(how) => {
-                tracing::debug!("fsync of inode {}: {how:?}", id.ino);
+                tracing::debug!("{why}: {how:?}");
                 let touched = {
                     let mut t = self.touched.lock().unwrap_or_else(|e| e.into_inner());
-                    match how {
-                        Synced::Committed => std::mem::take(&mut *t),
+                    match (how, ino) {
                         // Only this file's data was written back.
-                        Synced::Logged | Synced::Nothing => t.take(&ino.0).into_iter().collect(),
+                        (Synced::Logged | Synced::Nothing, Some(ino)) => {
+                            t.take(&ino.0).into_iter().collect()
+                        }
+                        _ => std::mem::take(&mut *t),
                     }
                 };
                 drop(alone);
@@ -185,11 +170,11 @@ impl Served {
                 }
                 Ok(())
             }
-            Err(ubtrfs::Error::NotFound(_)) => Err(Errno::ENOENT),
+            Err(ubtrfs::Error::NotFound(_)) if ino.is_some() => Err(Errno::ENOENT),
             Err(e) => {
                 let msg = error_text(&e);
                 tracing::error!(
-                    "fsync failed: {msg}; the filesystem takes no more changes, and those since the last commit are lost"
+                    "{why} failed: {msg}; the filesystem takes no more changes, and those since the last commit are lost"
                 );
                 self.fail(msg);
                 Err(Errno::EIO)

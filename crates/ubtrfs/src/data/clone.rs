@@ -188,20 +188,7 @@ impl Filesystem {
                     added += p.len;
                 }
                 Backing::Hole if !no_holes => {
-                    let hole = FileExtentItem {
-                        generation: transid,
-                        ram_bytes: p.len,
-                        compression: COMPRESS_NONE,
-                        encryption: 0,
-                        other_encoding: 0,
-                        extent_type: FILE_EXTENT_REG,
-                        body: ExtentBody::Regular {
-                            disk_bytenr: 0,
-                            disk_num_bytes: 0,
-                            offset: 0,
-                            num_bytes: p.len,
-                        },
-                    };
+                    let hole = FileExtentItem::hole(transid, p.len);
                     self.put_extent_item(w, dst, at, &hole)?;
                 }
                 Backing::Hole => {}

@@ -560,20 +560,7 @@ impl Filesystem {
             gaps.push((cursor, to));
         }
         for (a, b) in gaps {
-            let fe = FileExtentItem {
-                generation: w.blocks.transid,
-                ram_bytes: b - a,
-                compression: COMPRESS_NONE,
-                encryption: 0,
-                other_encoding: 0,
-                extent_type: FILE_EXTENT_REG,
-                body: ExtentBody::Regular {
-                    disk_bytenr: 0,
-                    disk_num_bytes: 0,
-                    offset: 0,
-                    num_bytes: b - a,
-                },
-            };
+            let fe = FileExtentItem::hole(w.blocks.transid, b - a);
             let bytes = fe.to_bytes();
             self.modify_tree(w, id.subvol, |ed, root| {
                 ed.insert(root, Key::new(id.ino, EXTENT_DATA_KEY, a), bytes)

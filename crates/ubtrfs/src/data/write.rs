@@ -462,20 +462,7 @@ impl Filesystem {
     }
 
     fn insert_hole(&self, w: &mut Writer, id: InodeId, at: u64, len: u64) -> Result<()> {
-        let fe = FileExtentItem {
-            generation: w.blocks.transid,
-            ram_bytes: len,
-            compression: COMPRESS_NONE,
-            encryption: 0,
-            other_encoding: 0,
-            extent_type: FILE_EXTENT_REG,
-            body: ExtentBody::Regular {
-                disk_bytenr: 0,
-                disk_num_bytes: 0,
-                offset: 0,
-                num_bytes: len,
-            },
-        };
+        let fe = FileExtentItem::hole(w.blocks.transid, len);
         let bytes = fe.to_bytes();
         self.modify_tree(w, id.subvol, |ed, root| {
             ed.insert(root, Key::new(id.ino, EXTENT_DATA_KEY, at), bytes)

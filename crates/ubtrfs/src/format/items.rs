@@ -395,6 +395,25 @@ pub struct FileExtentItem {
 }
 
 impl FileExtentItem {
+    /// A hole of `len` bytes (no data extent) written in transaction
+    /// `generation`.
+    pub fn hole(generation: u64, len: u64) -> Self {
+        FileExtentItem {
+            generation,
+            ram_bytes: len,
+            compression: 0,
+            encryption: 0,
+            other_encoding: 0,
+            extent_type: crate::format::consts::FILE_EXTENT_REG,
+            body: ExtentBody::Regular {
+                disk_bytenr: 0,
+                disk_num_bytes: 0,
+                offset: 0,
+                num_bytes: len,
+            },
+        }
+    }
+
     /// Offset of inline data in the item.
     pub const INLINE_DATA_OFF: usize = 21;
     /// Size of a regular extent item.

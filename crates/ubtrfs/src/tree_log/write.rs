@@ -467,20 +467,7 @@ fn hole(
     if !had {
         return Ok(());
     }
-    let fe = FileExtentItem {
-        generation: transid,
-        ram_bytes: to - from,
-        compression: 0,
-        encryption: 0,
-        other_encoding: 0,
-        extent_type: FILE_EXTENT_REG,
-        body: ExtentBody::Regular {
-            disk_bytenr: 0,
-            disk_num_bytes: 0,
-            offset: 0,
-            num_bytes: to - from,
-        },
-    };
+    let fe = FileExtentItem::hole(transid, to - from);
     want.insert(Key::new(ino, EXTENT_DATA_KEY, from), fe.to_bytes());
     Ok(())
 }

@@ -11,6 +11,7 @@
 //! destination), no overlap within one file, and the two files must agree
 //! on keeping checksums.
 
+use super::write::extent_part;
 use crate::alloc::delayed_ref::DataOwner;
 use crate::format::Key;
 use crate::format::consts::*;
@@ -224,21 +225,9 @@ impl Filesystem {
     fn clone_pieces(&self, src: InodeId, off: u64, len: u64, transid: u64) -> Result<Vec<Piece>> {
         let ss = self.geometry().sectorsize as u64;
         let end = off + len;
-        let tree = self.fs_tree(src.subvol)?;
-        // The extent holding `off` may start before it.
-        let first = tree
-            .get_le(&Key::new(src.ino, EXTENT_DATA_KEY, off))?
-            .map(|it| it.key())
-            .filter(|k| k.objectid == src.ino && k.item_type == EXTENT_DATA_KEY)
-            .map_or(off, |k| k.offset);
-        let mut items = Vec::new();
-        for item in tree.range(
-            Key::new(src.ino, EXTENT_DATA_KEY, first),
-            Key::new(src.ino, EXTENT_DATA_KEY, end - 1),
-        )? {
-            let item = item?;
-            items.push((item.key().offset, FileExtentItem::parse(item.data())?));
-        }
+        let items = self
+            .file_extents_overlapping(src, off, end)?
+            .collect::<Result<Vec<_>>>()?;
         let mut out = Vec::new();
         let mut cursor = off;
         for (k, fe) in items {
@@ -271,20 +260,9 @@ impl Filesystem {
                     Backing::Inline(bytes)
                 }
                 ExtentBody::Regular { disk_bytenr: 0, .. } => Backing::Hole,
-                ExtentBody::Regular {
-                    disk_bytenr,
-                    disk_num_bytes,
-                    offset,
-                    ..
-                } => {
-                    let mut piece = fe.clone();
+                ExtentBody::Regular { .. } => {
+                    let mut piece = extent_part(&fe, lo - k, hi - lo);
                     piece.generation = transid;
-                    piece.body = ExtentBody::Regular {
-                        disk_bytenr,
-                        disk_num_bytes,
-                        offset: offset + (lo - k),
-                        num_bytes: hi - lo,
-                    };
                     Backing::Extent(piece)
                 }
             };

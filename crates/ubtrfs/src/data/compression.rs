@@ -546,6 +546,16 @@ mod tests {
 
     const ALGS: [Compression; 3] = [Compression::Zlib, Compression::Lzo, Compression::Zstd];
 
+    /// Fails unless `r` is a corruption error; `what` names the case.
+    #[track_caller]
+    fn assert_corrupt(r: Result<Vec<u8>>, what: &str) {
+        assert!(
+            matches!(r, Err(Error::Corrupt(_))),
+            "{what}: {:?}",
+            r.map(|v| v.len())
+        );
+    }
+
     /// A small deterministic generator for test data.
     struct Rng(u64);
 
@@ -808,11 +818,7 @@ mod tests {
                 c.len() * 9 / 10,
             ] {
                 let r = decompress(kind, &c[..cut], data.len(), 4096);
-                assert!(
-                    matches!(r, Err(Error::Corrupt(_))),
-                    "{kind} cut at {cut}: {:?}",
-                    r.map(|v| v.len())
-                );
+                assert_corrupt(r, &format!("{kind} cut at {cut}"));
             }
         }
     }
@@ -829,11 +835,7 @@ mod tests {
                     garbage[..4].copy_from_slice(&(n as u32).to_le_bytes());
                 }
                 let r = decompress(kind, &garbage, 4096, 4096);
-                assert!(
-                    matches!(r, Err(Error::Corrupt(_))),
-                    "{kind} {n}: {:?}",
-                    r.map(|v| v.len())
-                );
+                assert_corrupt(r, &format!("{kind} {n}"));
             }
         }
     }
@@ -851,12 +853,7 @@ mod tests {
             v
         };
         let bad = |v: &[u8], what: &str| {
-            let r = decompress(Compression::Lzo, v, data.len(), 4096);
-            assert!(
-                matches!(r, Err(Error::Corrupt(_))),
-                "{what}: {:?}",
-                r.map(|v| v.len())
-            );
+            assert_corrupt(decompress(Compression::Lzo, v, data.len(), 4096), what);
         };
         bad(&with_total(0), "total 0");
         bad(&with_total(3), "total 3");

@@ -5,6 +5,7 @@ mod clone;
 pub mod compression;
 mod csum_pool;
 pub mod delalloc;
+mod extent_lookup;
 mod nocow;
 pub mod ordered;
 mod read;

@@ -10,7 +10,7 @@ use crate::alloc::delayed_ref::DelayedRefs;
 use crate::csum_tree;
 use crate::format::Key;
 use crate::format::consts::*;
-use crate::format::items::{ExtentBody, FileExtentItem};
+use crate::format::items::ExtentBody;
 use crate::fs::{Filesystem, InodeId};
 
 /// A piece of a file range: where it can be overwritten in place, if anywhere.
@@ -36,17 +36,11 @@ impl Filesystem {
         pending: &DelayedRefs,
     ) -> Result<Vec<Segment>> {
         let end = offset + len;
-        let tree = self.fs_tree(id.subvol)?;
         let last_snapshot = self
             .find_root(id.subvol)?
             .map_or(0, |(_, r)| r.last_snapshot);
         let csums = self.csum_tree()?;
         let extents = self.extent_tree_for_refs()?;
-        let first = tree
-            .get_le(&Key::new(id.ino, EXTENT_DATA_KEY, offset))?
-            .map(|it| it.key())
-            .filter(|k| k.objectid == id.ino && k.item_type == EXTENT_DATA_KEY)
-            .map_or(offset, |k| k.offset);
         let ss = self.geometry().sectorsize as u64;
         let mut out: Vec<Segment> = Vec::new();
         // Neighbouring copy-on-write pieces go out as one.
@@ -59,13 +53,8 @@ impl Filesystem {
             _ => out.push(s),
         };
         let mut cursor = offset;
-        for item in tree.range(
-            Key::new(id.ino, EXTENT_DATA_KEY, first),
-            Key::new(id.ino, EXTENT_DATA_KEY, end - 1),
-        )? {
-            let item = item?;
-            let k = item.key().offset;
-            let fe = FileExtentItem::parse(item.data())?;
+        for item in self.file_extents_overlapping(id, offset, end)? {
+            let (k, fe) = item?;
             // An inline extent stands for its whole sector: dirty data
             // replacing it comes in sectors (never cut a sector).
             let fe_end = match fe.body {

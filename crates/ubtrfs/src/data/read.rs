@@ -3,7 +3,6 @@
 
 use super::compression::{Compression, decompress};
 use crate::csum_tree;
-use crate::format::Key;
 use crate::format::consts::*;
 use crate::format::items::{ExtentBody, FileExtentItem};
 use crate::fs::{FileKind, Filesystem, InodeId};
@@ -58,20 +57,8 @@ impl Filesystem {
         })?;
         out.resize(n, 0);
         let nodatasum = inode.flags & INODE_NODATASUM != 0;
-        let tree = self.fs_tree(id.subvol)?;
-        // The extent holding `offset` may start before it.
-        let first = tree
-            .get_le(&Key::new(id.ino, EXTENT_DATA_KEY, offset))?
-            .map(|it| it.key())
-            .filter(|k| k.objectid == id.ino && k.item_type == EXTENT_DATA_KEY)
-            .map_or(offset, |k| k.offset);
-        for item in tree.range(
-            Key::new(id.ino, EXTENT_DATA_KEY, first),
-            Key::new(id.ino, EXTENT_DATA_KEY, end - 1),
-        )? {
-            let item = item?;
-            let ext_start = item.key().offset;
-            let fe = FileExtentItem::parse(item.data())?;
+        for item in self.file_extents_overlapping(id, offset, end)? {
+            let (ext_start, fe) = item?;
             let ext_end = ext_start.saturating_add(fe.len());
             let (lo, hi) = (ext_start.max(offset), ext_end.min(end));
             if lo >= hi {

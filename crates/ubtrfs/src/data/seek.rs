@@ -2,9 +2,8 @@
 //! written extents and dirty data are data; holes and preallocated
 //! (unwritten) extents read as zeros and count as holes, as in the kernel.
 
-use crate::format::Key;
 use crate::format::consts::*;
-use crate::format::items::{ExtentBody, FileExtentItem};
+use crate::format::items::ExtentBody;
 use crate::fs::{Filesystem, InodeId};
 use crate::{Error, Result};
 
@@ -23,19 +22,8 @@ impl Filesystem {
     pub fn data_ranges(&self, id: InodeId, from: u64) -> Result<Vec<(u64, u64)>> {
         let size = self.inode_item(id)?.size;
         let mut ranges: Vec<(u64, u64)> = Vec::new();
-        let tree = self.fs_tree(id.subvol)?;
-        let first = tree
-            .get_le(&Key::new(id.ino, EXTENT_DATA_KEY, from))?
-            .map(|it| it.key())
-            .filter(|k| k.objectid == id.ino && k.item_type == EXTENT_DATA_KEY)
-            .map_or(from, |k| k.offset);
-        for item in tree.range(
-            Key::new(id.ino, EXTENT_DATA_KEY, first),
-            Key::new(id.ino, EXTENT_DATA_KEY, u64::MAX),
-        )? {
-            let item = item?;
-            let start = item.key().offset;
-            let fe = FileExtentItem::parse(item.data())?;
+        for item in self.file_extents_overlapping(id, from, u64::MAX)? {
+            let (start, fe) = item?;
             let is_data = match fe.body {
                 ExtentBody::Inline(_) => true,
                 ExtentBody::Regular { disk_bytenr, .. } => {

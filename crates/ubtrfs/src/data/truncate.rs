@@ -57,6 +57,34 @@ struct Span {
     inline_len: u64,
 }
 
+/// The parts of `[from, to)` that none of `spans` (in file order) covers,
+/// each span counted up to the end of its last sector.
+fn gaps<'a>(
+    spans: impl IntoIterator<Item = &'a Span>,
+    from: u64,
+    to: u64,
+    ss: u64,
+) -> Vec<(u64, u64)> {
+    let mut gaps = Vec::new();
+    let mut cursor = from;
+    for s in spans {
+        if s.end <= cursor {
+            continue;
+        }
+        if s.start >= to {
+            break;
+        }
+        if s.start > cursor {
+            gaps.push((cursor, s.start));
+        }
+        cursor = cursor.max(s.end.div_ceil(ss) * ss);
+    }
+    if cursor < to {
+        gaps.push((cursor, to));
+    }
+    gaps
+}
+
 impl Filesystem {
     /// Set the size of regular file `id` to `new_size`, as `truncate(2)`.
     pub fn truncate(&self, id: InodeId, new_size: u64) -> Result<()> {
@@ -242,27 +270,19 @@ impl Filesystem {
         };
         // The parts of [a0, a1) to preallocate: the holes, or, zeroing,
         // everything not preallocated yet.
-        let mut segs: Vec<(u64, u64)> = Vec::new();
-        if a0 < a1 {
-            let mut cursor = a0;
-            for s in self.spans(id)? {
-                let keeps = if zero {
+        let segs = if a0 < a1 {
+            let spans = self.spans(id)?;
+            let keeps = |s: &&Span| {
+                if zero {
                     s.kind == Kind::Prealloc
                 } else {
                     s.kind != Kind::Hole
-                };
-                if !keeps || s.end <= cursor || s.start >= a1 {
-                    continue;
                 }
-                if s.start > cursor {
-                    segs.push((cursor, s.start));
-                }
-                cursor = cursor.max(s.end.div_ceil(ss) * ss);
-            }
-            if cursor < a1 {
-                segs.push((cursor, a1));
-            }
-        }
+            };
+            gaps(spans.iter().filter(keeps), a0, a1, ss)
+        } else {
+            Vec::new()
+        };
         // All the space or nothing, before anything changes.
         let added: u64 = segs.iter().map(|(a, b)| b - a).sum();
         let pieces = if added > 0 {
@@ -542,24 +562,7 @@ impl Filesystem {
             return Ok(());
         }
         let ss = self.geometry().sectorsize as u64;
-        let mut gaps = Vec::new();
-        let mut cursor = from;
-        for s in self.spans(id)? {
-            if s.end <= cursor {
-                continue;
-            }
-            if s.start >= to {
-                break;
-            }
-            if s.start > cursor {
-                gaps.push((cursor, s.start));
-            }
-            cursor = cursor.max(s.end.div_ceil(ss) * ss);
-        }
-        if cursor < to {
-            gaps.push((cursor, to));
-        }
-        for (a, b) in gaps {
+        for (a, b) in gaps(&self.spans(id)?, from, to, ss) {
             let fe = FileExtentItem::hole(w.blocks.transid, b - a);
             let bytes = fe.to_bytes();
             self.modify_tree(w, id.subvol, |ed, root| {

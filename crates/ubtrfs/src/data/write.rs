@@ -175,10 +175,17 @@ impl Filesystem {
     pub(crate) fn writeback(&self, w: &mut Writer, id: InodeId) -> Result<()> {
         let ss = self.geometry().sectorsize as u64;
         let mut runs = self.delalloc().take_runs(id, ss, MAX_EXTENT);
+        self.writeback_taken(w, id, &mut runs)
+    }
+
+    /// Write back `runs`, taken out of the dirty set of `id`; what was not
+    /// written goes back if writeback fails.
+    fn writeback_taken(&self, w: &mut Writer, id: InodeId, runs: &mut [DirtyRun]) -> Result<()> {
         if runs.is_empty() {
             return Ok(());
         }
-        let r = self.writeback_runs(w, id, &mut runs);
+        let ss = self.geometry().sectorsize as u64;
+        let r = self.writeback_runs(w, id, runs);
         if r.is_err() {
             let mut d = self.delalloc();
             for run in runs.iter().filter(|r| !r.data.is_empty()) {
@@ -404,26 +411,11 @@ impl Filesystem {
         start: u64,
         end: u64,
     ) -> Result<Vec<(u64, FileExtentItem)>> {
-        if start >= end {
-            return Ok(Vec::new());
-        }
-        let tree = self.fs_tree(id.subvol)?;
-        // Extents do not overlap: only the last one starting at or before
-        // `start` can reach into the range from the left.
-        let first = tree
-            .get_le(&Key::new(id.ino, EXTENT_DATA_KEY, start))?
-            .map(|it| it.key())
-            .filter(|k| k.objectid == id.ino && k.item_type == EXTENT_DATA_KEY)
-            .map_or(start, |k| k.offset);
         let mut out = Vec::new();
-        for it in tree.range(
-            Key::new(id.ino, EXTENT_DATA_KEY, first),
-            Key::new(id.ino, EXTENT_DATA_KEY, end - 1),
-        )? {
-            let it = it?;
-            let fe = FileExtentItem::parse(it.data())?;
-            if it.key().offset.saturating_add(fe.len()) > start {
-                out.push((it.key().offset, fe));
+        for item in self.file_extents_overlapping(id, start, end)? {
+            let (off, fe) = item?;
+            if off.saturating_add(fe.len()) > start {
+                out.push((off, fe));
             }
         }
         Ok(out)
@@ -530,46 +522,8 @@ impl Filesystem {
             if real {
                 removed += cut_hi - cut_lo;
             }
-            let head = (key_off < start).then(|| {
-                let mut h = fe.clone();
-                h.body = ExtentBody::Regular {
-                    disk_bytenr,
-                    disk_num_bytes,
-                    offset,
-                    num_bytes: start - key_off,
-                };
-                if !real {
-                    // A hole as the kernel writes one: offset 0, ram_bytes
-                    // its length (a split kernel hole may carry an offset).
-                    h.ram_bytes = start - key_off;
-                    h.body = ExtentBody::Regular {
-                        disk_bytenr: 0,
-                        disk_num_bytes: 0,
-                        offset: 0,
-                        num_bytes: start - key_off,
-                    };
-                }
-                h
-            });
-            let tail = (ext_end > end).then(|| {
-                let mut t = fe.clone();
-                t.body = ExtentBody::Regular {
-                    disk_bytenr,
-                    disk_num_bytes,
-                    offset: offset + (end - key_off),
-                    num_bytes: ext_end - end,
-                };
-                if !real {
-                    t.ram_bytes = ext_end - end;
-                    t.body = ExtentBody::Regular {
-                        disk_bytenr: 0,
-                        disk_num_bytes: 0,
-                        offset: 0,
-                        num_bytes: ext_end - end,
-                    };
-                }
-                t
-            });
+            let head = (key_off < start).then(|| extent_part(&fe, 0, start - key_off));
+            let tail = (ext_end > end).then(|| extent_part(&fe, end - key_off, ext_end - end));
             let (hb, tb) = (
                 head.as_ref().map(|h| h.to_bytes()),
                 tail.as_ref().map(|t| t.to_bytes()),
@@ -626,4 +580,38 @@ impl Filesystem {
         }
         Ok(())
     }
+}
+
+/// The part `[skip, skip + len)` of the regular file extent item `fe`: the
+/// same disk extent, seen from `skip` bytes further in. A part of a hole is
+/// a hole as the kernel writes one: offset 0, `ram_bytes` its length (a
+/// split kernel hole may carry an offset). An inline item cannot be cut and
+/// comes back whole.
+pub(super) fn extent_part(fe: &FileExtentItem, skip: u64, len: u64) -> FileExtentItem {
+    let mut part = fe.clone();
+    if let ExtentBody::Regular {
+        disk_bytenr,
+        disk_num_bytes,
+        offset,
+        ..
+    } = fe.body
+    {
+        if disk_bytenr == 0 {
+            part.ram_bytes = len;
+            part.body = ExtentBody::Regular {
+                disk_bytenr: 0,
+                disk_num_bytes: 0,
+                offset: 0,
+                num_bytes: len,
+            };
+        } else {
+            part.body = ExtentBody::Regular {
+                disk_bytenr,
+                disk_num_bytes,
+                offset: offset + skip,
+                num_bytes: len,
+            };
+        }
+    }
+    part
 }

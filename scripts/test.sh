@@ -28,7 +28,7 @@ root=0
 [ "$(id -u)" = 0 ] && root=1
 
 # --- test dependencies -----------------------------------------------------
-PACKAGES=(btrfs-progs fuse3 xfsprogs fio attr e2fsprogs util-linux kmod build-essential pkg-config)
+PACKAGES=(btrfs-progs fuse3 xfsprogs fio attr acl e2fsprogs util-linux kmod build-essential pkg-config)
 installed() {
     dpkg-query -W -f='${Status}\n' "$1" 2>/dev/null | grep -q '^install ok installed$'
 }

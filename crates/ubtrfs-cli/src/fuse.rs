@@ -42,6 +42,11 @@
 //! * set-user-ID and set-group-ID bits are killed by the mount, not by
 //!   the kernel (`FUSE_HANDLE_KILLPRIV_V2`), which spares the kernel a
 //!   `getxattr("security.capability")` before every write (see `write.rs`).
+//! * POSIX ACLs are enforced by the kernel (`FUSE_POSIX_ACL`), which
+//!   caches each inode's ACLs (a `READDIRPLUS` entry drops them). The
+//!   library keeps the mode and the access ACL in step and gives new
+//!   inodes their directory's default ACL, or applies the umask, which the
+//!   kernel then leaves to the mount (`FUSE_DONT_MASK`).
 //!
 //! # Reflinks
 //!
@@ -137,6 +142,7 @@ pub struct FuseFs {
     /// What the kernel agreed to at init.
     writeback_cache: bool,
     killpriv: bool,
+    posix_acl: bool,
     stats: control::Stats,
     /// Special files (fifos, sockets, device nodes) whose last name went
     /// while the kernel still knew them: they are opened without FUSE, so
@@ -156,6 +162,7 @@ impl FuseFs {
             new_file_flags: opts.new_file_flags,
             writeback_cache: false,
             killpriv: false,
+            posix_acl: false,
             stats: control::Stats::default(),
             held_until_forget: Default::default(),
         }
@@ -386,6 +393,11 @@ impl fuser::Filesystem for FuseFs {
             InitFlags::FUSE_READDIRPLUS_AUTO,
             InitFlags::FUSE_CACHE_SYMLINKS,
             InitFlags::FUSE_PARALLEL_DIROPS,
+            // The kernel enforces and caches POSIX ACLs; creating requests
+            // then carry the umask unapplied, for the library to apply or
+            // to replace by the directory's default ACL (see `write.rs`).
+            InitFlags::FUSE_POSIX_ACL,
+            InitFlags::FUSE_DONT_MASK,
         ];
         if self.served.writable() {
             wanted.push(InitFlags::FUSE_WRITEBACK_CACHE);
@@ -395,6 +407,7 @@ impl fuser::Filesystem for FuseFs {
             match config.add_capabilities(cap) {
                 Ok(()) if cap == InitFlags::FUSE_WRITEBACK_CACHE => self.writeback_cache = true,
                 Ok(()) if cap == InitFlags::FUSE_HANDLE_KILLPRIV_V2 => self.killpriv = true,
+                Ok(()) if cap == InitFlags::FUSE_POSIX_ACL => self.posix_acl = true,
                 Ok(()) => {}
                 Err(_) => tracing::debug!("kernel lacks FUSE capability {cap:?}"),
             }
@@ -748,7 +761,7 @@ impl fuser::Filesystem for FuseFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        match self.do_create(req, parent, name, mode & !umask, rdev) {
+        match self.do_create(req, parent, name, mode, umask, rdev) {
             Ok((attr, generation)) => reply.entry(&self.ttl(), &attr, generation),
             Err(e) => reply.error(e),
         }
@@ -763,8 +776,8 @@ impl fuser::Filesystem for FuseFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let mode = libc::S_IFDIR | (mode & !umask & 0o7777);
-        match self.do_create(req, parent, name, mode, 0) {
+        let mode = libc::S_IFDIR | (mode & 0o7777);
+        match self.do_create(req, parent, name, mode, umask, 0) {
             Ok((attr, generation)) => reply.entry(&self.ttl(), &attr, generation),
             Err(e) => reply.error(e),
         }
@@ -936,7 +949,7 @@ impl fuser::Filesystem for FuseFs {
         _flags: i32,
         reply: fuser::ReplyCreate,
     ) {
-        match self.do_create(req, parent, name, mode & !umask, 0) {
+        match self.do_create(req, parent, name, mode, umask, 0) {
             Ok((attr, generation)) => {
                 self.served
                     .read(|fs| fs.hold_inode(self.inode_of(attr.ino)));
@@ -1085,6 +1098,9 @@ impl fuser::Filesystem for FuseFs {
                 }
                 if self.killpriv {
                     flags |= control::FLAG_KILLPRIV_V2;
+                }
+                if self.posix_acl {
+                    flags |= control::FLAG_POSIX_ACL;
                 }
                 if self.served.writable() {
                     flags |= control::FLAG_READ_WRITE;

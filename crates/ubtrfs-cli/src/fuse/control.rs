@@ -20,7 +20,8 @@ pub const INFO_MAGIC: usize = 0;
 pub const INFO_PID: usize = 1;
 /// Word 2: bit 0, the kernel keeps a writeback cache; bit 1, it leaves
 /// killing set-user-ID bits to the mount (`FUSE_HANDLE_KILLPRIV_V2`);
-/// bit 2, the mount is read-write.
+/// bit 2, the mount is read-write; bit 3, the kernel enforces POSIX ACLs
+/// (`FUSE_POSIX_ACL`).
 pub const INFO_FLAGS: usize = 2;
 /// The rest: request counters, see [`Counter`].
 const FIRST_COUNTER: usize = 3;
@@ -32,6 +33,7 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"ubtrfs\x00\x01");
 pub const FLAG_WRITEBACK_CACHE: u64 = 1;
 pub const FLAG_KILLPRIV_V2: u64 = 2;
 pub const FLAG_READ_WRITE: u64 = 4;
+pub const FLAG_POSIX_ACL: u64 = 8;
 
 /// Request counters, each a word of the reply (from word 3 on).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

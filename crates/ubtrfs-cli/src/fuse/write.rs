@@ -51,15 +51,18 @@ pub(super) struct Change {
 }
 
 impl FuseFs {
-    /// Create an inode of any kind (`mode` holds the type; umask applied)
-    /// named `name` in `parent`, owned by the caller. `rdev` is the device
-    /// number as FUSE carries it.
+    /// Create an inode of any kind (`mode` holds the type) named `name`
+    /// in `parent`, owned by the caller. The caller's `umask` applies
+    /// unless `parent` has a default ACL, which the new inode inherits
+    /// instead (the kernel leaves both to the mount under
+    /// `FUSE_POSIX_ACL`). `rdev` is the device number as FUSE carries it.
     pub(super) fn do_create(
         &self,
         req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
+        umask: u32,
         rdev: u32,
     ) -> Result<(FileAttr, Generation), Errno> {
         let dir = self.inode_of(parent);
@@ -78,7 +81,9 @@ impl FuseFs {
                 gid,
                 rdev: if is_dev { rdev_from_fuse(rdev) } else { 0 },
             };
-            let mut st = fs.create(dir, name.as_bytes(), new).map_err(errno)?;
+            let mut st = fs
+                .create_inheriting(dir, name.as_bytes(), new, umask)
+                .map_err(errno)?;
             let extra = self.new_file_flags & !st.flags;
             if st.kind == FileKind::File && extra != 0 {
                 // The mount's nodatacow/nodatasum, in the same transaction.

@@ -4,6 +4,7 @@
 //! name; entries whose names share a hash are packed in one item, like
 //! directory entries. Every change sets the inode's ctime.
 
+use super::acl::Which;
 use super::dir::{EMPTY_SUBVOL_DIR, name_hash};
 use super::inode::{FileKind, InodeId, Stat};
 use super::open::Filesystem;
@@ -11,6 +12,7 @@ use crate::format::Key;
 use crate::format::consts::*;
 use crate::format::items::{DirItem, Timespec};
 use crate::format::node::{HEADER_SIZE, ITEM_SIZE};
+use crate::transaction::Writer;
 use crate::{Error, Result};
 
 /// `set_xattr` flag: fail with [`Error::Exists`] if the xattr exists
@@ -109,6 +111,9 @@ impl Filesystem {
                 }
                 i.ctime = attr.ctime.unwrap_or(now);
             })?;
+            if let Some(m) = attr.mode {
+                self.chmod_acl(&mut w, id, m)?;
+            }
         }
         drop(w);
         self.stat(id)
@@ -120,12 +125,18 @@ impl Filesystem {
     }
 
     /// Set xattr `name` of `id` to `value`. `flags` is 0, [`XATTR_CREATE`]
-    /// or [`XATTR_REPLACE`].
+    /// or [`XATTR_REPLACE`]. The POSIX ACL xattrs are checked and kept in
+    /// step with the mode (see `acl.rs`); the flags do not apply to them,
+    /// as in Linux.
     pub fn set_xattr(&self, id: InodeId, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
         if flags & !(XATTR_CREATE | XATTR_REPLACE) != 0 {
             return Err(Error::Invalid(format!("xattr flags {flags:#x}")));
         }
         check_xattr_name(name)?;
+        if let Some(which) = Which::of(name) {
+            self.writable_inode(id)?;
+            return self.set_acl(id, which, value);
+        }
         if value.len() > XATTR_SIZE_MAX {
             return Err(Error::Invalid(format!(
                 "xattr value of {} bytes is larger than {XATTR_SIZE_MAX}",
@@ -143,6 +154,23 @@ impl Filesystem {
         }
         let mut w = self.writer()?;
         self.writable_inode(id)?;
+        self.put_xattr(&mut w, id, name, value, flags)?;
+        let now = Timespec::now();
+        self.change_inode(&mut w, id, |i| i.ctime = now)?;
+        Ok(())
+    }
+
+    /// Store xattr `name` of `id` (name and size checked by the caller),
+    /// leaving the inode item alone.
+    pub(crate) fn put_xattr(
+        &self,
+        w: &mut Writer,
+        id: InodeId,
+        name: &[u8],
+        value: &[u8],
+        flags: u32,
+    ) -> Result<()> {
+        let max = self.xattr_max();
         let entry = DirItem {
             location: Key::new(0, 0, 0),
             transid: w.blocks.transid,
@@ -152,7 +180,7 @@ impl Filesystem {
         };
         let key = Key::new(id.ino, XATTR_ITEM_KEY, name_hash(name));
         let max_item = max + DIR_ITEM_HEADER;
-        self.modify_tree(&mut w, id.subvol, |ed, root| {
+        self.modify_tree(w, id.subvol, |ed, root| {
             ed.edit(root, &key, |items| {
                 let at = items.binary_search_by(|(k, _)| k.cmp(&key));
                 let mut all = match at {
@@ -189,10 +217,7 @@ impl Filesystem {
                 }
                 Ok(())
             })
-        })?;
-        let now = Timespec::now();
-        self.change_inode(&mut w, id, |i| i.ctime = now)?;
-        Ok(())
+        })
     }
 
     /// Remove xattr `name` of `id`; [`Error::NotFound`] (ENODATA) if it has none.
@@ -200,10 +225,25 @@ impl Filesystem {
         check_xattr_name(name)?;
         let mut w = self.writer_deleting()?;
         self.writable_inode(id)?;
+        if !self.delete_xattr(&mut w, id, name)? {
+            return Err(Error::NotFound(format!("xattr {}", show(name))));
+        }
+        let now = Timespec::now();
+        self.change_inode(&mut w, id, |i| i.ctime = now)?;
+        Ok(())
+    }
+
+    /// Remove xattr `name` of `id` if it has it (whether it had is
+    /// returned), leaving the inode item alone.
+    pub(crate) fn delete_xattr(&self, w: &mut Writer, id: InodeId, name: &[u8]) -> Result<bool> {
         let key = Key::new(id.ino, XATTR_ITEM_KEY, name_hash(name));
-        self.modify_tree(&mut w, id.subvol, |ed, root| {
+        // Nothing to edit: no copy-on-write of the path for nothing.
+        if self.get_xattr(id, name)?.is_none() {
+            return Ok(false);
+        }
+        self.modify_tree(w, id.subvol, |ed, root| {
             ed.edit(root, &key, |items| {
-                let missing = || Error::NotFound(format!("xattr {}", show(name)));
+                let missing = || Error::corrupt(format!("xattr {} vanished", show(name)));
                 let pos = items
                     .binary_search_by(|(k, _)| k.cmp(&key))
                     .map_err(|_| missing())?;
@@ -225,9 +265,7 @@ impl Filesystem {
                 Ok(())
             })
         })?;
-        let now = Timespec::now();
-        self.change_inode(&mut w, id, |i| i.ctime = now)?;
-        Ok(())
+        Ok(true)
     }
 
     /// Check that `id` is a real inode that may change.
@@ -242,8 +280,9 @@ impl Filesystem {
 }
 
 /// Names the kernel stores as plain xattrs: the `user.`, `trusted.` and
-/// `security.` namespaces. ACLs (`system.`) and properties (`btrfs.`)
-/// have meanings this library does not implement yet.
+/// `security.` namespaces, and the two POSIX ACLs of `system.` (see
+/// `acl.rs`). Other `system.` names and properties (`btrfs.`) have
+/// meanings this library does not implement yet.
 fn check_xattr_name(name: &[u8]) -> Result<()> {
     if name.is_empty() || name.len() > XATTR_NAME_MAX {
         return Err(Error::Invalid(format!(
@@ -253,6 +292,9 @@ fn check_xattr_name(name: &[u8]) -> Result<()> {
     }
     if name.contains(&0) {
         return Err(Error::Invalid("xattr name holds a NUL byte".into()));
+    }
+    if Which::of(name).is_some() {
+        return Ok(());
     }
     let plain = [&b"user."[..], b"trusted.", b"security."];
     match plain.iter().find(|p| name.starts_with(p)) {

@@ -1,6 +1,7 @@
 //! The filesystem layer: subvolumes, inodes, directories, names and xattrs,
 //! on top of the trees. [`Filesystem`] is the library's entry point.
 
+mod acl;
 mod attr;
 pub mod dir;
 mod flags;
@@ -13,6 +14,7 @@ mod subvol;
 mod subvol_delete;
 mod xattr;
 
+pub use acl::{ACL_ACCESS, ACL_DEFAULT, Acl, Inherited, inherit};
 pub use attr::{SetAttr, XATTR_CREATE, XATTR_REPLACE};
 pub use flags::SETTABLE_FLAGS;
 pub use inode::{DirEntry, FileKind, InodeId, Stat};

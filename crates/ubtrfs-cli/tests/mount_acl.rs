@@ -1,0 +1,199 @@
+//! POSIX ACLs on the read-write FUSE mount, against the kernel's btrfs:
+//! the same steps (`setfacl`, `chmod`, creating files with a umask,
+//! reading and writing as another user) run on a kernel loop mount and on
+//! `ubtrfs mount`, and each must succeed or be refused alike and print the
+//! same (`getfacl`, modes, the raw xattrs). Checked:
+//!
+//! - a named-user entry lets that user read a root-owned 0600 file;
+//! - `chmod` moves the ACL's mask (and the kernel's cached ACL follows);
+//! - a directory's default ACL is inherited by new files, directories
+//!   (also as their default ACL), fifos, not symbolic links, and the
+//!   umask is then ignored;
+//! - without a default ACL the umask applies;
+//! - an ACL that says no more than the mode is not stored;
+//! - the image then passes `btrfs check` and the kernel reads the ACLs
+//!   ubtrfs wrote.
+//!
+//! Needs root, loop devices, the btrfs module, btrfs-progs, fuse3,
+//! util-linux (`setpriv`) and acl (`getfacl`, `setfacl`) and attr
+//! (`getfattr`).
+
+mod common;
+
+use common::{check_image, new_image, start_mount};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use testkit::*;
+
+/// Size of the test images (sparse).
+const IMAGE_SIZE: u64 = 300 << 20;
+/// The other user and group the steps run as.
+const USER: (u32, u32) = (1000, 2000);
+
+/// Who runs a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Who {
+    Root,
+    User,
+}
+
+/// One step: who runs the script, whether it must succeed.
+struct Step {
+    who: Who,
+    ok: bool,
+    script: &'static str,
+}
+
+const fn root(script: &'static str) -> Step {
+    Step {
+        who: Who::Root,
+        ok: true,
+        script,
+    }
+}
+
+const fn user(ok: bool, script: &'static str) -> Step {
+    Step {
+        who: Who::User,
+        ok,
+        script,
+    }
+}
+
+/// What every file the steps make looks like: modes and raw xattrs.
+const SHOW_ALL: &str = "stat -c '%n %A %a %u %g' f d d/nf d/nd d/np d/sl d/nd/deeper \
+     d/nd/by-user p/f p/d p/q e d/after \
+     && getfattr -h -e hex -m - -d f d d/nf d/nd d/np d/sl d/nd/deeper d/nd/by-user \
+        p/f p/d p/q e d/after";
+
+const STEPS: &[Step] = &[
+    root("umask 022; printf secret > f && chmod 600 f"),
+    user(false, "cat f"),
+    // A named user entry grants read.
+    root("setfacl -m u:1000:r f && getfacl -n f && stat -c '%A %a' f"),
+    user(true, "cat f"),
+    user(false, "printf x >> f"),
+    // chmod moves the mask: the entry is masked out, then back.
+    root("chmod 600 f && getfacl -n f"),
+    user(false, "cat f"),
+    root("chmod 640 f && getfacl -n f"),
+    user(true, "cat f"),
+    // A default ACL is inherited; the umask is ignored then.
+    root("mkdir d && setfacl -d -m u:1000:rwx,g::r-x,o::--- d && getfacl -n d"),
+    root(
+        "umask 077; printf data > d/nf && mkdir d/nd && mkfifo d/np && ln -s nf d/sl \
+         && mkdir d/nd/deeper && getfacl -n d/nf d/nd d/np d/nd/deeper \
+         && stat -c '%n %A %a' d/nf d/nd d/np d/sl d/nd/deeper",
+    ),
+    user(
+        true,
+        "printf more >> d/nf && cat d/nf && umask 022 && printf y > d/nd/by-user \
+         && getfacl -n d/nd/by-user",
+    ),
+    user(false, "printf no > d/not-mine"),
+    // No default ACL: the umask applies.
+    root(
+        "mkdir p && umask 027 && printf z > p/f && mkdir p/d && mkfifo p/q \
+         && stat -c '%n %a' p/f p/d p/q && getfattr -m - -d p/f p/d p/q",
+    ),
+    // An ACL the mode says all of is not stored; -b drops the entries.
+    root(
+        "printf e > e && setfacl -m u::rwx,g::r--,o::--- e && stat -c %a e \
+         && getfattr -m - -d e && setfacl -b f && stat -c %a f && getfattr -m - -d f",
+    ),
+    user(false, "cat f"),
+    // Without its default ACL, the directory gives the umask again.
+    root("setfacl -k d && umask 022 && printf k > d/after && getfacl -n d d/after"),
+    root(SHOW_ALL),
+];
+
+/// Run `script` with `sh -c` in `dir` as `who`; returns whether it
+/// succeeded, and its stdout and stderr.
+fn run_step(dir: &Path, who: Who, script: &str) -> (bool, String, String) {
+    let mut cmd = match who {
+        Who::Root => Command::new("sh"),
+        Who::User => {
+            let mut c = Command::new("setpriv");
+            c.arg(format!("--reuid={}", USER.0))
+                .arg(format!("--regid={}", USER.1))
+                .arg("--clear-groups")
+                .arg("sh");
+            c
+        }
+    };
+    let out = cmd
+        .args(["-c", script])
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sh");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Run every step in `dir`, asserting each succeeds or fails as it must;
+/// returns what each printed.
+fn run_steps(what: &str, dir: &Path) -> Vec<String> {
+    let mut seen = Vec::new();
+    for (i, s) in STEPS.iter().enumerate() {
+        let (ok, out, err) = run_step(dir, s.who, s.script);
+        assert_eq!(
+            ok,
+            s.ok,
+            "{what}: step {i} ({:?}: {}) {}:\n{out}{err}",
+            s.who,
+            s.script,
+            if ok { "succeeded" } else { "failed" }
+        );
+        if !ok {
+            assert!(
+                err.contains("Permission denied"),
+                "{what}: step {i} ({}) failed for another reason: {err}",
+                s.script
+            );
+        }
+        seen.push(format!("step {i} ({}):\n{out}", s.script));
+    }
+    seen
+}
+
+#[test]
+fn acls_work_as_in_the_kernel() {
+    require_privileged!();
+    for tool in ["setpriv", "setfacl", "getfacl", "getfattr"] {
+        assert!(which(tool).is_some(), "{tool} not found");
+    }
+    let t = TestDir::new("mount-acl").unwrap();
+    let kernel_img = new_image(&t, "kernel.img", IMAGE_SIZE);
+    let ubtrfs_img = new_image(&t, "ubtrfs.img", IMAGE_SIZE);
+
+    let kernel = Mount::single(&kernel_img, &t.join("kernel"), "").unwrap();
+    let expected = run_steps("kernel btrfs", kernel.path());
+    kernel.unmount().unwrap();
+
+    let m = start_mount(
+        &ubtrfs_img,
+        &t.join("fuse"),
+        &["-o", "allow_other", "-o", "commit=300"],
+    );
+    let got = run_steps("ubtrfs", m.path());
+    m.unmount().unwrap();
+    for (e, g) in expected.iter().zip(&got) {
+        assert_eq!(g, e, "ubtrfs printed otherwise than the kernel");
+    }
+
+    // What ubtrfs wrote is what the kernel reads.
+    check_image(&ubtrfs_img);
+    let kernel = Mount::single(&ubtrfs_img, &t.join("kernel-reads"), "ro").unwrap();
+    let (ok, out, err) = run_step(kernel.path(), Who::Root, SHOW_ALL);
+    assert!(ok, "{err}");
+    assert_eq!(
+        format!("step {} ({SHOW_ALL}):\n{out}", STEPS.len() - 1),
+        got[STEPS.len() - 1],
+        "the kernel reads otherwise what ubtrfs wrote"
+    );
+    kernel.unmount().unwrap();
+}

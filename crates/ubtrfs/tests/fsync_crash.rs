@@ -155,7 +155,7 @@ fn fsyncs_survive(name: &str, mkfs_args: &[&str], kernel_files: bool, mut seed: 
         img
     };
     // The files exist, with data and xattrs, in a committed state.
-    let ids: Vec<InodeId> = {
+    let (mut ids, sub): (Vec<InodeId>, Option<InodeId>) = {
         let fs = Filesystem::open_read_write(&[&img]).unwrap();
         let file = NewInode {
             mode: libc::S_IFREG | 0o644,
@@ -186,7 +186,7 @@ fn fsyncs_survive(name: &str, mkfs_args: &[&str], kernel_files: bool, mut seed: 
             })
             .collect();
         fs.commit().unwrap();
-        ids
+        (ids, sub)
     };
     let base = std::fs::read(&img).unwrap();
 
@@ -198,19 +198,65 @@ fn fsyncs_survive(name: &str, mkfs_args: &[&str], kernel_files: bool, mut seed: 
     let fs = Filesystem::open_devices_read_write(set).unwrap();
     // Each incremental log must equal the one made from scratch.
     fs.set_log_self_check(true).unwrap();
+    // Each file's path under the mount: the odd ones of ubtrfs' files are
+    // in the subvolume.
+    let mut rels: Vec<String> = (0..FILES)
+        .map(|f| match sub {
+            Some(_) if f % 2 == 1 => format!("sv/f{f}"),
+            _ => format!("f{f}"),
+        })
+        .collect();
     // history[f]: every state file f went through; synced[f]: the index in
-    // history[f] of its last fsync'd state, after each fsync.
+    // history[f] of its last fsync'd state (None: never fsync'd, a file
+    // created since).
     let mut history: Vec<Vec<FileState>> = ids.iter().map(|&id| vec![state_of(&fs, id)]).collect();
+    let mut synced: Vec<Option<usize>> = vec![Some(0); FILES];
     // marks: (ops in the device log when an fsync returned, synced indexes).
-    let mut marks: Vec<(usize, Vec<usize>)> = vec![(0, vec![0; FILES])];
-    let mut synced = vec![0usize; FILES];
+    let mut marks: Vec<(usize, Vec<Option<usize>>)> = vec![(0, synced.clone())];
     let (mut logged, mut committed) = (0, 0);
+    let new_file = NewInode {
+        mode: libc::S_IFREG | 0o640,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+    };
     for step in 0..40 {
-        let f = (rng(&mut seed) % FILES as u64) as usize;
-        mutate(&fs, ids[f], &mut seed);
-        history[f].push(state_of(&fs, ids[f]));
-        if step % 4 == 3 {
-            let g = (rng(&mut seed) % FILES as u64) as usize;
+        let mut g = None;
+        if step % 5 == 2 {
+            // A new file, written and (mostly) fsync'd at once: logged
+            // with its name.
+            let k = ids.len();
+            let (dir, rel) = match sub {
+                Some(sv) if k % 2 == 1 => (sv, format!("sv/n{k}")),
+                _ => (fs.root(), format!("n{k}")),
+            };
+            let id = fs
+                .create(
+                    dir,
+                    &rel.as_bytes()[rel.len() - format!("n{k}").len()..],
+                    new_file,
+                )
+                .unwrap()
+                .id;
+            let len = (rng(&mut seed) % 150_000) as usize;
+            fs.write(id, 0, &testkit::xorshift_bytes(seed, len))
+                .unwrap();
+            ids.push(id);
+            rels.push(rel);
+            history.push(vec![state_of(&fs, id)]);
+            synced.push(None);
+            if !rng(&mut seed).is_multiple_of(4) {
+                g = Some(k);
+            }
+        } else {
+            let f = (rng(&mut seed) % ids.len() as u64) as usize;
+            mutate(&fs, ids[f], &mut seed);
+            history[f].push(state_of(&fs, ids[f]));
+            if step % 4 == 3 {
+                g = Some((rng(&mut seed) % ids.len() as u64) as usize);
+            }
+        }
+        if let Some(g) = g {
             let before = rec.log();
             let how = fs.fsync(ids[g], rng(&mut seed).is_multiple_of(2)).unwrap();
             let log = rec.log();
@@ -238,21 +284,26 @@ fn fsyncs_survive(name: &str, mkfs_args: &[&str], kernel_files: bool, mut seed: 
                         matches!((flush, fua), (Some(a), Some(b)) if a < b),
                         "fsync {step} wrote no flush followed by a FUA write"
                     );
+                    // A commit makes every file durable as it is.
+                    for (f, h) in history.iter().enumerate() {
+                        synced[f] = Some(h.len() - 1);
+                    }
                 }
                 Synced::Nothing => assert!(new.is_empty(), "fsync {step}: {new:?}"),
             }
-            synced[g] = history[g].len() - 1;
+            synced[g] = Some(history[g].len() - 1);
             marks.push((log.len(), synced.clone()));
         }
     }
-    // Existing files whose names do not change are logged, not committed.
+    // Files whose names do not change, and new files, are logged, not
+    // committed.
     assert!(
         logged > committed,
         "{name}: {logged} fsyncs logged, {committed} committed"
     );
     // More changes nobody syncs.
     for _ in 0..10 {
-        let f = (rng(&mut seed) % FILES as u64) as usize;
+        let f = (rng(&mut seed) % ids.len() as u64) as usize;
         mutate(&fs, ids[f], &mut seed);
         history[f].push(state_of(&fs, ids[f]));
     }
@@ -261,7 +312,7 @@ fn fsyncs_survive(name: &str, mkfs_args: &[&str], kernel_files: bool, mut seed: 
     // Power cuts: after every flush and every FUA write (the device then
     // holds exactly the ops before it), and at the very end. The fsyncs
     // that had returned by then must show.
-    let cuts: Vec<(usize, &Vec<usize>)> = log
+    let cuts: Vec<(usize, &Vec<Option<usize>>)> = log
         .iter()
         .enumerate()
         .filter(|(_, o)| matches!(o, Op::Flush | Op::Fua { .. }))
@@ -283,31 +334,36 @@ fn fsyncs_survive(name: &str, mkfs_args: &[&str], kernel_files: bool, mut seed: 
         std::fs::write(&work, &image).unwrap();
         // btrfs-progs reads the cut as it is, its log tree included.
         testkit::btrfs_check_file(&work, &[]).unwrap();
-        let allowed = |f: usize, got: &FileState| history[f][synced[f]..].contains(got);
+        // The files fsync'd by the cut, with the index of that state.
+        let due: Vec<(usize, usize)> = synced
+            .iter()
+            .enumerate()
+            .filter_map(|(f, s)| s.map(|s| (f, s)))
+            .collect();
+        let allowed = |f: usize, s: usize, got: &FileState| history[f][s..].contains(got);
         // ubtrfs's own read-only open (replaying any log in memory, writing
         // nothing) shows the fsyncs, before the kernel touches the image.
         {
             let fs = Filesystem::open(&[&work]).unwrap();
-            for (f, &id) in ids.iter().enumerate() {
+            for &(f, s) in &due {
+                let path = format!("/{}", rels[f]);
+                let id = fs
+                    .resolve_path(path.as_bytes())
+                    .unwrap_or_else(|e| panic!("{name}: cut {n}: ubtrfs lost {path}: {e}"));
                 let got = state_of(&fs, id);
                 assert!(
-                    allowed(f, &got),
-                    "{name}: cut {n}: ubtrfs shows f{f} in no state since its last fsync"
+                    allowed(f, s, &got),
+                    "{name}: cut {n}: ubtrfs shows {path} in no state since its last fsync"
                 );
             }
         }
         // The kernel replays whatever log the image has, then shows the files.
         {
             let m = testkit::Mount::single(&work, &mnt, "").unwrap();
-            for f in 0..FILES {
-                let rel = if !kernel_files && f % 2 == 1 {
-                    format!("sv/f{f}")
-                } else {
-                    format!("f{f}")
-                };
-                let got = kernel_state(&m.path().join(rel));
+            for &(f, s) in &due {
+                let got = kernel_state(&m.path().join(&rels[f]));
                 assert!(
-                    allowed(f, &got),
+                    allowed(f, s, &got),
                     "{name}: cut {n}: the kernel shows f{f} (size {}) in no state since its last fsync",
                     got.data.len()
                 );

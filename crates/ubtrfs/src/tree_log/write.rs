@@ -2,25 +2,26 @@
 //! can (DESIGN.md layer 9, seed 000), else by committing.
 //!
 //! The log path, for a regular file that the last commit already had
-//! under the same names: write its dirty data back, log what differs from
-//! the committed file (the inode item, all its xattrs, the file extent
-//! items that changed, a hole item where committed data went, and the
-//! checksums of the logged extents), then write the log's blocks, flush
-//! once, and write the superblock with `log_root` by FUA. A replay, the
-//! kernel's or ours, then rebuilds the file from the committed tree and
-//! the log.
+//! under the same names, or that is new since and only added names to
+//! directories the commit had: write its dirty data back; log the inode
+//! item, all its xattrs, the file extent items that differ from the
+//! committed file (all of a new one, with its names), a hole item where
+//! committed data went, and the checksums of the logged extents; then
+//! write the log's blocks, flush once, and write the superblock with
+//! `log_root` by FUA. A replay, the kernel's or ours, then rebuilds the
+//! file from the committed tree and the log.
 //!
 //! Everything else commits the running transaction, the kernel's own
-//! fallback when it cannot log: new, renamed or linked inodes (their
-//! directories would have to be logged too), directories, files with
-//! extents past their end, and any failure while logging (the commit then
-//! drops the half-changed log). A commit always makes at least as much
-//! durable as the log would.
+//! fallback when it cannot log: renamed or linked inodes and new ones
+//! that took a name over (their directories would have to be logged
+//! too), directories, files with extents past their end, and any failure
+//! while logging (the commit then drops the half-changed log). A commit
+//! always makes at least as much durable as the log would.
 
 use super::log_tree::{ItemMap, LogTree, LoggedInode};
 use crate::format::Key;
 use crate::format::consts::*;
-use crate::format::items::{ExtentBody, FileExtentItem, InodeItem, RootItem};
+use crate::format::items::{DirItem, ExtentBody, FileExtentItem, InodeItem, InodeRef, RootItem};
 use crate::format::node::Node;
 use crate::fs::{Filesystem, InodeId};
 use crate::transaction::Writer;
@@ -238,10 +239,12 @@ impl Filesystem {
     }
 }
 
-/// The inode item and xattrs of inode `ino` for the log, and its inode
-/// item; `None` if it cannot be logged: not in the committed tree, not a
-/// regular file, unlinked, or named otherwise than there (the replay of
-/// names needs their directories logged).
+/// The inode item and xattrs of inode `ino` for the log (and its names,
+/// for a file new since the last commit), and its inode item; `None` if
+/// it cannot be logged: not a regular file, unlinked, renamed or linked
+/// since the last commit (the replay of a name that replaces or drops
+/// another needs the directories logged), or new with a name that is not
+/// simply added to a directory the last commit had.
 fn inode_head(cur: &Tree<'_>, old: &Tree<'_>, ino: u64) -> Result<Option<(ItemMap, InodeItem)>> {
     let (lo, hi) = (
         Key::new(ino, 0, 0),
@@ -249,7 +252,7 @@ fn inode_head(cur: &Tree<'_>, old: &Tree<'_>, ino: u64) -> Result<Option<(ItemMa
     );
     let c = split(cur.range(lo, hi)?)?;
     let o = split(old.range(lo, hi)?)?;
-    let (Some(inode), Some(_)) = (&c.inode, &o.inode) else {
+    let Some(inode) = &c.inode else {
         return Ok(None);
     };
     let item = InodeItem::parse(inode.data())?;
@@ -262,15 +265,58 @@ fn inode_head(cur: &Tree<'_>, old: &Tree<'_>, ino: u64) -> Result<Option<(ItemMa
             .map(|it| (it.key(), it.data().to_vec()))
             .collect()
     };
-    if names(&c) != names(&o) {
-        return Ok(None);
-    }
     let mut head = ItemMap::new();
+    if o.inode.is_some() {
+        if names(&c) != names(&o) {
+            return Ok(None);
+        }
+    } else {
+        // A new file: the replay links it under the names it logs.
+        for (key, data) in names(&c) {
+            if key.item_type != INODE_REF_KEY || !new_names_only_add(old, key.offset, &data)? {
+                return Ok(None);
+            }
+            head.insert(key, data);
+        }
+        if head.is_empty() {
+            return Ok(None);
+        }
+    }
     head.insert(inode.key(), inode.data().to_vec());
     for x in &c.xattrs {
         head.insert(x.key(), x.data().to_vec());
     }
     Ok(Some((head, item)))
+}
+
+/// Whether the names in INODE_REF item `data` (all in directory `parent`)
+/// are new names in a directory the committed tree `old` has: no entry
+/// of the same name or index there.
+fn new_names_only_add(old: &Tree<'_>, parent: u64, data: &[u8]) -> Result<bool> {
+    let dir = old
+        .get(&Key::new(parent, INODE_ITEM_KEY, 0))?
+        .map(|it| InodeItem::parse(it.data()))
+        .transpose()?;
+    if dir.is_none_or(|d| d.mode & libc::S_IFMT != libc::S_IFDIR) {
+        return Ok(false);
+    }
+    for r in InodeRef::parse_refs(data, parent)? {
+        if old
+            .get(&Key::new(parent, DIR_INDEX_KEY, r.index))?
+            .is_some()
+        {
+            return Ok(false);
+        }
+        let hash = crate::fs::dir::name_hash(&r.name);
+        if let Some(it) = old.get(&Key::new(parent, DIR_ITEM_KEY, hash))?
+            && DirItem::parse_all(it.data())?
+                .iter()
+                .any(|d| d.name == r.name)
+        {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// The file ranges of inode `ino` that may have changed since `prev` was

@@ -25,6 +25,13 @@ use ubtrfs::tree_log::Synced;
 use ubtrfs::volume::DeviceSet;
 
 const FILES: usize = 6;
+/// A regular file owned by root.
+const FILE: NewInode = NewInode {
+    mode: libc::S_IFREG | 0o644,
+    uid: 0,
+    gid: 0,
+    rdev: 0,
+};
 const PUNCH: u32 = libc::FALLOC_FL_PUNCH_HOLE as u32 | libc::FALLOC_FL_KEEP_SIZE as u32;
 
 /// What a file shows: content, permission bits, user xattrs.
@@ -157,12 +164,6 @@ fn fsyncs_survive(name: &str, mkfs_args: &[&str], kernel_files: bool, mut seed: 
     // The files exist, with data and xattrs, in a committed state.
     let (mut ids, sub): (Vec<InodeId>, Option<InodeId>) = {
         let fs = Filesystem::open_read_write(&[&img]).unwrap();
-        let file = NewInode {
-            mode: libc::S_IFREG | 0o644,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
-        };
         // Files ubtrfs writes: the odd ones in a subvolume, so the log
         // holds a tree per subvolume.
         let sub = (!kernel_files).then(|| fs.create_subvolume(fs.root(), b"sv", 0, 0).unwrap());
@@ -177,7 +178,7 @@ fn fsyncs_survive(name: &str, mkfs_args: &[&str], kernel_files: bool, mut seed: 
                         Some(sv) if i % 2 == 1 => sv,
                         _ => fs.root(),
                     };
-                    let f = fs.create(dir, &path.as_bytes()[1..], file).unwrap();
+                    let f = fs.create(dir, &path.as_bytes()[1..], FILE).unwrap();
                     fs.write(f.id, 0, data).unwrap();
                     f.id
                 };
@@ -214,12 +215,6 @@ fn fsyncs_survive(name: &str, mkfs_args: &[&str], kernel_files: bool, mut seed: 
     // marks: (ops in the device log when an fsync returned, synced indexes).
     let mut marks: Vec<(usize, Vec<Option<usize>>)> = vec![(0, synced.clone())];
     let (mut logged, mut committed) = (0, 0);
-    let new_file = NewInode {
-        mode: libc::S_IFREG | 0o640,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-    };
     for step in 0..40 {
         let mut g = None;
         if step % 5 == 2 {
@@ -234,7 +229,7 @@ fn fsyncs_survive(name: &str, mkfs_args: &[&str], kernel_files: bool, mut seed: 
                 .create(
                     dir,
                     &rel.as_bytes()[rel.len() - format!("n{k}").len()..],
-                    new_file,
+                    FILE,
                 )
                 .unwrap()
                 .id;
@@ -422,16 +417,10 @@ fn incremental_logs_match_full_logs() {
     .unwrap();
     let mut seed = 0x5eed_1095u64;
     let fs = Filesystem::open_read_write(&[&img]).unwrap();
-    let file = NewInode {
-        mode: libc::S_IFREG | 0o644,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-    };
     let ids: Vec<InodeId> = (0..3)
         .map(|i| {
             let id = fs
-                .create(fs.root(), format!("big{i}").as_bytes(), file)
+                .create(fs.root(), format!("big{i}").as_bytes(), FILE)
                 .unwrap()
                 .id;
             fs.write(id, 0, &testkit::xorshift_bytes(i, 4 << 20))

@@ -26,6 +26,8 @@ pub const MAX_INLINE: u64 = 2048;
 pub(crate) const MAX_EXTENT: u64 = 128 << 20;
 /// Dirty data beyond this is written back before more is accepted.
 const DIRTY_LIMIT: u64 = 256 << 20;
+/// Most data chunks one write may add.
+const MAX_NEW_CHUNKS: usize = 64;
 
 impl Filesystem {
     /// Write `data` at `offset` of file `id`; returns the bytes written.
@@ -139,9 +141,16 @@ impl Filesystem {
                 return Ok(());
             }
         }
-        match self.alloc_chunk(w, SpaceKind::Data) {
-            Ok(()) | Err(Error::NoSpace(_)) => {}
-            Err(e) => return Err(e),
+        // A large write may need more than one new chunk.
+        for _ in 0..MAX_NEW_CHUNKS {
+            if enough(self, w) {
+                break;
+            }
+            match self.alloc_chunk(w, SpaceKind::Data) {
+                Ok(()) => {}
+                Err(Error::NoSpace(_)) => break,
+                Err(e) => return Err(e),
+            }
         }
         if enough(self, w) {
             return Ok(());

@@ -237,3 +237,40 @@ fn rewrites_between_commits_reuse_freed_space() {
         "the last rewrite is what stays"
     );
 }
+
+/// Filling the disk: writes fail with ENOSPC saying so, never a panic,
+/// and what was committed before stays readable; the filesystem still
+/// commits and passes `btrfs check`.
+#[test]
+fn a_full_disk_says_enospc_and_keeps_what_was_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let imgs = mkfs(dir.path(), &["-m", "single", "-d", "single"], 1, 300 << 20);
+    let fs = Filesystem::open_read_write(&imgs).unwrap();
+    let kept = fs.create(fs.root(), b"kept", file(0o644)).unwrap().id;
+    fs.write(kept, 0, &vec![7u8; 10 << 20]).unwrap();
+    fs.commit().unwrap();
+    let big = fs.create(fs.root(), b"big", file(0o644)).unwrap().id;
+    let chunk = vec![9u8; 8 << 20];
+    let mut err = None;
+    for i in 0..64u64 {
+        if let Err(e) = fs
+            .write(big, i * chunk.len() as u64, &chunk)
+            .and_then(|_| fs.fsync(big, false).map(|_| ()))
+        {
+            err = Some(e);
+            break;
+        }
+    }
+    let err = err.expect("512 MiB fit on a 300 MiB device");
+    assert!(
+        matches!(err, ubtrfs::Error::NoSpace(_)),
+        "not ENOSPC: {err:?}"
+    );
+    assert!(err.to_string().contains("space"), "{err}");
+    // What did fit can still be committed.
+    fs.commit().unwrap();
+    drop(fs);
+    check(&imgs);
+    let fs = Filesystem::open(&imgs).unwrap();
+    assert_eq!(fs.read_all(kept).unwrap(), vec![7u8; 10 << 20]);
+}

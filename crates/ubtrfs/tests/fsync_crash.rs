@@ -18,6 +18,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
+use ubtrfs::data::compression::Compression;
 use ubtrfs::device::recording::{Op, replay};
 use ubtrfs::device::{Device, MemDevice, RecordingDevice};
 use ubtrfs::fs::{Filesystem, InodeId, NewInode, SetAttr};
@@ -144,7 +145,13 @@ fn mutate(fs: &Filesystem, id: InodeId, seed: &mut u64) {
 
 /// The workload and its oracle on a fresh `mkfs.btrfs ARGS` image whose
 /// files ubtrfs writes, or the kernel when `kernel_files`.
-fn fsyncs_survive(name: &str, mkfs_args: &[&str], kernel_files: bool, mut seed: u64) {
+fn fsyncs_survive(
+    name: &str,
+    mkfs_args: &[&str],
+    kernel_files: bool,
+    compress: Option<Compression>,
+    mut seed: u64,
+) {
     let dir = testkit::TestDir::new(name).unwrap();
     let contents: Vec<(String, Vec<u8>)> = (0..FILES)
         .map(|i| {
@@ -199,6 +206,7 @@ fn fsyncs_survive(name: &str, mkfs_args: &[&str], kernel_files: bool, mut seed: 
     let fs = Filesystem::open_devices_read_write(set).unwrap();
     // Each incremental log must equal the one made from scratch.
     fs.set_log_self_check(true).unwrap();
+    fs.set_compression(compress.map(|c| (c, None))).unwrap();
     // Each file's path under the mount: the odd ones of ubtrfs' files are
     // in the subvolume.
     let mut rels: Vec<String> = (0..FILES)
@@ -372,25 +380,57 @@ fn fsyncs_survive(name: &str, mkfs_args: &[&str], kernel_files: bool, mut seed: 
 #[test]
 fn fsync_4k_crc32c() {
     testkit::require_privileged!();
-    fsyncs_survive("log-write-4k", &["-n", "4096"], false, 0x10_9a11);
+    fsyncs_survive("log-write-4k", &["-n", "4096"], false, None, 0x10_9a11);
 }
 
 #[test]
 fn fsync_16k_xxhash() {
     testkit::require_privileged!();
-    fsyncs_survive("log-write-16k-xxhash", &["--csum", "xxhash"], false, 0xfee1);
+    fsyncs_survive(
+        "log-write-16k-xxhash",
+        &["--csum", "xxhash"],
+        false,
+        None,
+        0xfee1,
+    );
 }
 
 #[test]
 fn fsync_without_no_holes() {
     testkit::require_privileged!();
-    fsyncs_survive("log-write-holes", &["-O", "^no-holes"], false, 0xb0_1e5);
+    fsyncs_survive(
+        "log-write-holes",
+        &["-O", "^no-holes"],
+        false,
+        None,
+        0xb0_1e5,
+    );
+}
+
+/// Compressed extents: the log carries the checksums of each whole
+/// compressed extent, which both replays look up.
+#[test]
+fn fsync_zstd_compressed() {
+    testkit::require_privileged!();
+    fsyncs_survive(
+        "log-write-zstd",
+        &[],
+        false,
+        Some(Compression::Zstd),
+        0xc0_3e55,
+    );
 }
 
 #[test]
 fn fsync_kernel_written_files() {
     testkit::require_privileged!();
-    fsyncs_survive("log-write-kernel", &["--csum", "sha256"], true, 0x4e_12e1);
+    fsyncs_survive(
+        "log-write-kernel",
+        &["--csum", "sha256"],
+        true,
+        None,
+        0x4e_12e1,
+    );
 }
 
 /// Big files (many leaves of extent items, 4 KiB nodes) fsync'd again and

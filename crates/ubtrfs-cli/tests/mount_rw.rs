@@ -1200,6 +1200,32 @@ fn writeback_cache() {
     assert_files("the kernel's mount", kernel.path(), &model);
 }
 
+/// st_blocks through the mount follows what fsync wrote back: a new
+/// file's data and an append change it, an overwrite in place does not
+/// (then the kernel's cached attributes are kept).
+#[test]
+fn fsync_settles_st_blocks() {
+    use std::os::unix::fs::FileExt;
+    require_privileged!();
+    let t = TestDir::new("mount-rw-blocks").unwrap();
+    let img = new_image(&t);
+    let m = RwMount::start(&img, &t.join("fuse"), &NO_TIMER);
+    let p = m.path().join("f");
+    let mut f = File::create(&p).unwrap();
+    let blocks = || fs::metadata(&p).unwrap().blocks();
+    f.write_all(&pattern(1 << 20, 40)).unwrap();
+    f.sync_all().unwrap();
+    assert_eq!(blocks(), 2048, "1 MiB written and fsync'd");
+    f.write_all_at(&pattern(4096, 41), 0).unwrap();
+    f.sync_all().unwrap();
+    assert_eq!(blocks(), 2048, "an overwrite in place");
+    f.write_all_at(&pattern(1 << 20, 42), 1 << 20).unwrap();
+    f.sync_all().unwrap();
+    assert_eq!(blocks(), 4096, "1 MiB appended and fsync'd");
+    drop(f);
+    m.unmount_cleanly();
+}
+
 /// With the writeback cache, fsync still makes data durable: the kernel
 /// writes the dirty pages back first. What was written after is lost on
 /// SIGKILL, as after a crash.

@@ -128,7 +128,18 @@ impl Served {
     /// can, else the running transaction is committed. A failure is
     /// handled as a failed commit.
     pub fn fsync(&self, id: InodeId, ino: INodeNo, datasync: bool) -> Result<(), Errno> {
-        self.make_durable("fsync", Some(ino), |fs| fs.fsync(id, datasync))
+        self.make_durable("fsync", Some(ino), |fs| {
+            // The kernel's cached attributes of the file go stale only if
+            // writing its data back changed its byte count (an overwrite
+            // in place does not): else keep them, and spare the next
+            // write a GETATTR and a GETXATTR.
+            let before = fs.stat(id).map(|s| s.nbytes).ok();
+            let how = fs.fsync(id, datasync)?;
+            if how == Synced::Logged && fs.stat(id).map(|s| s.nbytes).ok() == before {
+                return Ok(Synced::Nothing);
+            }
+            Ok(how)
+        })
     }
 
     /// Run `op`, which commits or logs `ino`, alone; then drop the
@@ -154,14 +165,14 @@ impl Served {
         match op(&self.fs) {
             Ok(how) => {
                 tracing::debug!("{why}: {how:?}");
-                let touched = {
+                let touched: Vec<u64> = {
                     let mut t = self.touched.lock().unwrap_or_else(|e| e.into_inner());
                     match (how, ino) {
                         // Only this file's data was written back.
-                        (Synced::Logged | Synced::Nothing, Some(ino)) => {
-                            t.take(&ino.0).into_iter().collect()
-                        }
-                        _ => std::mem::take(&mut *t),
+                        (Synced::Logged, Some(ino)) => t.take(&ino.0).into_iter().collect(),
+                        // Nothing the kernel caches changed.
+                        (Synced::Nothing, Some(_)) => Vec::new(),
+                        _ => std::mem::take(&mut *t).into_iter().collect(),
                     }
                 };
                 drop(alone);

@@ -77,12 +77,18 @@ pub struct DelayedRefs {
 }
 
 impl DelayedRefs {
-    /// Bytes of data extents losing references in this transaction: at
-    /// most what its commit frees (less where other references remain).
+    /// Bytes of data extents that lose references in this transaction and
+    /// gain none overall (those written and dropped again in it too): about
+    /// what its commit frees (less where other references remain).
     pub fn data_bytes_dropping(&self) -> u64 {
         self.data
             .values()
-            .filter(|d| d.changes.values().sum::<i64>() < 0)
+            // Changes that cancelled out leave an empty map: mostly an
+            // extent written and dropped again in this transaction.
+            .filter(|d| {
+                d.changes.is_empty()
+                    || (d.changes.values().any(|&c| c < 0) && d.changes.values().sum::<i64>() <= 0)
+            })
             .map(|d| d.len)
             .sum()
     }

@@ -155,7 +155,8 @@ impl Filesystem {
         if enough(self, w) {
             return Ok(());
         }
-        if w.blocks.alloc.pinned_bytes(SpaceKind::Data) + w.blocks.refs.data_bytes_dropping() > 0 {
+        // Last, whatever the estimate says: a commit before ENOSPC.
+        if w.is_dirty() {
             self.commit_locked(w)?;
             if enough(self, w) {
                 return Ok(());

@@ -692,7 +692,15 @@ impl Filesystem {
 
     /// [`Filesystem::commit`] inside the caller's hold on the transaction.
     pub(crate) fn commit_locked(&self, w: &mut Writer) -> Result<()> {
-        self.reserve_metadata(w, true)?;
+        // A commit may use the reserve (that is what it is for): a new
+        // chunk only below it. Taking one whenever space is merely low
+        // would grow metadata at every commit meant to free pinned space.
+        if w.blocks.alloc.free_bytes(SpaceKind::Metadata) < self.metadata_reserve() {
+            match self.alloc_chunk(w, SpaceKind::Metadata) {
+                Ok(()) | Err(Error::NoSpace(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
         self.writeback_all(w)?;
         if !w.is_dirty() {
             return Ok(());

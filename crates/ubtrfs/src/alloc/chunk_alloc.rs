@@ -96,6 +96,12 @@ impl Filesystem {
         if kind == SpaceKind::System {
             return Err(Error::NoSpace("the system chunk is full".into()));
         }
+        tracing::debug!(
+            ?kind,
+            free = w.blocks.alloc.free_bytes(kind),
+            pinned = w.blocks.alloc.pinned_bytes(kind),
+            "new chunk"
+        );
         let flags = self.profile_of(w, kind)?;
         let profile = Profile::from_flags(flags)?;
         let total = self.superblock().total_bytes;

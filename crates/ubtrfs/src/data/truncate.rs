@@ -117,6 +117,9 @@ impl Filesystem {
             return Ok(());
         }
         let ss = self.geometry().sectorsize as u64;
+        // The old last sector and a moved inline extent become dirty data:
+        // room for them now, while a commit could still free it.
+        self.reserve_dirty_space(w, 2 * ss)?;
         let (mut removed, mut added) = (0u64, 0u64);
         if new_size < old {
             self.delalloc().discard_from(id, new_size.div_ceil(ss));
@@ -205,6 +208,8 @@ impl Filesystem {
     ) -> Result<()> {
         let ss = self.geometry().sectorsize as u64;
         let size = self.inode_item(id)?.size;
+        // The partial sectors at either end become dirty data.
+        self.reserve_dirty_space(w, 2 * ss)?;
         // Nothing past the end of file is punched (its last sector included).
         let end = end.min(size.div_ceil(ss) * ss);
         let mut removed = 0;
@@ -283,8 +288,11 @@ impl Filesystem {
         } else {
             Vec::new()
         };
-        // All the space or nothing, before anything changes.
+        // All the space or nothing, before anything changes. Room first
+        // (a commit may free it) for the new extents and for the sectors
+        // zeroed at either end, which become dirty data.
         let added: u64 = segs.iter().map(|(a, b)| b - a).sum();
+        self.reserve_dirty_space(w, added + 2 * ss)?;
         let pieces = if added > 0 {
             self.reserve_data(w, added)?
         } else {

@@ -56,6 +56,7 @@ impl Filesystem {
         if offset > inode.size {
             // The old last sector may hold stale bytes past the end (the
             // kernel leaves them when it shrinks a file): zero them first.
+            self.reserve_dirty_space(&mut w, self.geometry().sectorsize as u64)?;
             self.zero_tail(&mut w, id, inode.size, true)?;
         }
         let new_size = inode.size.max(end);
@@ -120,7 +121,7 @@ impl Filesystem {
 
     /// Make sure `more` bytes of dirty data can be written back later:
     /// every dirty sector needs a new one on disk (copy-on-write).
-    fn reserve_dirty_space(&self, w: &mut Writer, more: u64) -> Result<()> {
+    pub(crate) fn reserve_dirty_space(&self, w: &mut Writer, more: u64) -> Result<()> {
         let enough = |fs: &Self, w: &Writer| {
             w.blocks.alloc.free_bytes(SpaceKind::Data) >= fs.delalloc().bytes() + more
         };
@@ -271,8 +272,9 @@ impl Filesystem {
         offset: u64,
         data: &mut Vec<u8>,
     ) -> Result<()> {
-        if let Some((kind, level)) = self.compression_for(w, id)? {
-            self.cow_range_compressed(w, id, offset, data, kind, level)?;
+        if let Some((kind, level)) = self.compression_for(w, id)?
+            && self.cow_range_compressed(w, id, offset, data, kind, level)?
+        {
             *data = Vec::new();
             return Ok(());
         }
@@ -326,7 +328,11 @@ impl Filesystem {
 
     /// Like `cow_range`, cutting the data into compressed extents of at
     /// most 128 KiB of file data; a piece that does not shrink by a sector
-    /// is written plain, as the kernel does.
+    /// is written plain, as the kernel does. Returns false, having changed
+    /// nothing, when the free data space is enough in total but too
+    /// fragmented for a compressed extent: the caller writes it plain then
+    /// rather than take a new chunk (which could fill the device with
+    /// data chunks while freed space waits for a commit).
     fn cow_range_compressed(
         &self,
         w: &mut Writer,
@@ -335,7 +341,7 @@ impl Filesystem {
         data: &[u8],
         kind: Compression,
         level: Option<i32>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let ss = self.geometry().sectorsize;
         let mut plan: Vec<(u64, Vec<u8>, Compression, u64)> = Vec::new();
         for (i, chunk) in data.chunks(MAX_COMPRESSED_RAM as usize).enumerate() {
@@ -350,8 +356,24 @@ impl Filesystem {
         }
         // All space first: a writeback that cannot finish changes nothing.
         let mut places = Vec::with_capacity(plan.len());
+        let mut new_chunks = false;
+        let plain_fits = w.blocks.alloc.free_bytes(SpaceKind::Data) >= data.len() as u64;
         for (_, bytes, _, _) in &plan {
-            match self.alloc_exact(w, bytes.len() as u64) {
+            let len = bytes.len() as u64;
+            let got = match w.blocks.alloc.alloc(SpaceKind::Data, len, ss as u64) {
+                Some(at) => Ok(at),
+                None if !new_chunks && plain_fits => {
+                    for (&at, (_, b, _, _)) in places.iter().zip(&plan) {
+                        w.blocks.alloc.release(at, b.len() as u64)?;
+                    }
+                    return Ok(false);
+                }
+                None => {
+                    new_chunks = true;
+                    self.alloc_exact(w, len)
+                }
+            };
+            match got {
                 Ok(at) => places.push(at),
                 Err(e) => {
                     for (&at, (_, b, _, _)) in places.iter().zip(&plan) {
@@ -370,7 +392,7 @@ impl Filesystem {
         self.change_inode(w, id, |i| {
             i.nbytes = i.nbytes.saturating_sub(removed) + added
         })?;
-        Ok(())
+        Ok(true)
     }
 
     /// `len` contiguous bytes of data space, adding a chunk if needed.

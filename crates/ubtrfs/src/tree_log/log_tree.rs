@@ -9,11 +9,12 @@
 //!
 //! Log blocks come from metadata space but get no extent items, as the
 //! kernel's do: the committed free-space tree counts them free and a
-//! replay sets them aside. They stay allocated until the commit that drops
-//! the log, because a replay may need any block the durable superblock's
-//! log reaches until a newer superblock is on disk. A block changed after
-//! it was written is copied, as any written block is; one freed before it
-//! was ever written is free again at once.
+//! replay sets them aside. A block changed after it was written is copied,
+//! as any written block is, and the old copy stays allocated until the next
+//! log sync's superblock is on disk (a replay may need any block the durable
+//! superblock's log reaches); one freed before it was ever written is free
+//! again at once. So a file fsynced over and over between commits keeps
+//! only its live log, not every version of it, in metadata space.
 
 use crate::alloc::{Allocator, SpaceKind};
 use crate::format::consts::*;
@@ -38,8 +39,11 @@ pub(crate) struct LogTree {
     transid: u64,
     nodesize: u64,
     chunk_tree_uuid: [u8; 16],
-    /// Every block the log allocated in this transaction.
+    /// Every block the log holds in this transaction.
     blocks: BTreeSet<u64>,
+    /// Written blocks the log no longer uses: free once a newer log root
+    /// is durable.
+    retired: Vec<u64>,
     subvols: BTreeMap<u64, SubvolLog>,
     /// The log root tree, once written.
     root_tree: Option<RootPtr>,
@@ -82,6 +86,7 @@ const CSUM_CHUNK: u64 = 64;
 struct LogBlocks<'a> {
     alloc: &'a mut Allocator,
     blocks: &'a mut BTreeSet<u64>,
+    retired: &'a mut Vec<u64>,
     reader: &'a TreeReader,
     transid: u64,
     nodesize: u64,
@@ -103,11 +108,12 @@ impl BlockSource for LogBlocks<'_> {
 
     fn free_tree_block(&mut self, _owner: u64, node: &Node, _plan: CowPlan) -> Result<bool> {
         let at = node.header.bytenr;
+        self.blocks.remove(&at);
         if !self.reader.is_dirty(at) {
-            // On disk: the durable log may reach it until the commit.
+            // On disk: the durable log may reach it until the next sync.
+            self.retired.push(at);
             return Ok(false);
         }
-        self.blocks.remove(&at);
         self.alloc.release(at, self.nodesize)?;
         Ok(true)
     }
@@ -138,6 +144,7 @@ impl LogTree {
             nodesize: sb.nodesize as u64,
             chunk_tree_uuid,
             blocks: BTreeSet::new(),
+            retired: Vec::new(),
             subvols: BTreeMap::new(),
             root_tree: None,
             root_items: ItemMap::new(),
@@ -157,6 +164,7 @@ impl LogTree {
         let mut src = LogBlocks {
             alloc,
             blocks: &mut self.blocks,
+            retired: &mut self.retired,
             reader: &self.reader,
             transid: self.transid,
             nodesize: self.nodesize,
@@ -360,6 +368,10 @@ impl LogTree {
                 dev.write_fua(SUPER_OFFSETS[0], s)?;
             }
             self.synced_root = Some(root);
+            // No durable superblock reaches the blocks this log replaced.
+            for b in std::mem::take(&mut self.retired) {
+                alloc.release(b, self.nodesize)?;
+            }
         }
         // Written: a later change copies these blocks.
         self.reader.commit_done(self.transid);
@@ -402,7 +414,7 @@ impl LogTree {
     /// Drop the log at a commit: its blocks become free once the commit,
     /// whose superblock has no log, is on disk.
     pub(crate) fn discard(self, alloc: &mut Allocator) -> Result<()> {
-        for &b in &self.blocks {
+        for &b in self.blocks.iter().chain(&self.retired) {
             alloc.pin(b, self.nodesize)?;
         }
         Ok(())

@@ -394,6 +394,17 @@ impl Writer {
         self.bg_tree
     }
 
+    /// Whether the filesystem keeps a free-space tree.
+    pub(crate) fn has_free_space_tree(&self) -> bool {
+        self.has_fst
+    }
+
+    /// Forget what the free-space tree was last written to hold for the
+    /// group at `start` (it is gone, or its entries were rewritten).
+    pub(crate) fn forget_free_space_written(&mut self, start: u64) {
+        self.fst_written.remove(&start);
+    }
+
     /// Fails for a read-only snapshot: nothing in it may change.
     pub(crate) fn check_writable(&self, subvol: u64) -> Result<()> {
         if self.blocks.readonly.contains(&subvol) {
@@ -702,7 +713,10 @@ impl Filesystem {
             }
         }
         self.writeback_all(w)?;
-        if !w.is_dirty() {
+        // Block groups emptied by an earlier commit go in this one, even
+        // when nothing else changed.
+        let unused = self.unused_groups(w);
+        if !w.is_dirty() && unused.is_empty() {
             return Ok(());
         }
         // The log's blocks are free in what this commit writes (the
@@ -710,6 +724,7 @@ impl Filesystem {
         if let Some(log) = w.log.take() {
             log.discard(&mut w.blocks.alloc)?;
         }
+        self.remove_groups(w, &unused)?;
         self.settle(w)?;
         self.write_out(w)
     }

@@ -357,3 +357,66 @@ fn churn_between_commits_takes_no_new_chunks() {
     assert_eq!(chunks(&imgs[0], "DATA"), data0, "data chunks added");
     assert_eq!(chunks(&imgs[0], "METADATA"), meta0, "metadata chunks added");
 }
+
+/// `bytes_used` of the device, as the superblock's dev item says.
+fn device_bytes_used(img: &Path) -> u64 {
+    let out = Command::new("btrfs")
+        .args(["inspect-internal", "dump-super"])
+        .arg(img)
+        .output()
+        .expect("btrfs inspect-internal runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("dev_item.bytes_used"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no dev_item.bytes_used in:\n{text}"))
+}
+
+/// Chunks that a big file needed go back to the device once it is
+/// deleted (the kernel removes unused block groups too): the chunk, dev
+/// extent and block group items go, the device's used bytes shrink, and
+/// the space serves new chunks again.
+#[test]
+fn chunks_emptied_by_deletion_go_back_to_the_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let imgs = mkfs(dir.path(), &[], 1, 1 << 30);
+    let used0 = device_bytes_used(&imgs[0]);
+    for round in 0..2u8 {
+        let fs = Filesystem::open_read_write(&imgs).unwrap();
+        let name = format!("big{round}");
+        let f = fs
+            .create(fs.root(), name.as_bytes(), file(0o644))
+            .unwrap()
+            .id;
+        let piece = vec![round + 1; 8 << 20];
+        for i in 0..75u64 {
+            fs.write(f, i * piece.len() as u64, &piece).unwrap();
+        }
+        fs.commit().unwrap();
+        drop(fs);
+        check(&imgs);
+        let (data_full, used_full) = (chunks(&imgs[0], "DATA"), device_bytes_used(&imgs[0]));
+        assert!(data_full >= 3, "600 MiB took {data_full} data chunks");
+        let fs = Filesystem::open_read_write(&imgs).unwrap();
+        fs.unlink(fs.root(), name.as_bytes()).unwrap();
+        // The first commit frees the extents; the next removes the groups.
+        fs.commit().unwrap();
+        fs.commit().unwrap();
+        drop(fs);
+        check(&imgs);
+        let (data, used) = (chunks(&imgs[0], "DATA"), device_bytes_used(&imgs[0]));
+        assert_eq!(data, 1, "round {round}: data chunks left after deleting");
+        assert!(
+            used < used_full && used <= used0 + (128 << 20),
+            "round {round}: device bytes used {used} (full {used_full}, at mkfs {used0})"
+        );
+    }
+    // The kernel agrees: it mounts the image and writes into the space.
+    testkit::require_privileged!();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let k = testkit::Mount::single(&imgs[0], &mnt, "rw").expect("kernel mount");
+    std::fs::write(mnt.join("after"), vec![5u8; 300 << 20]).unwrap();
+    k.unmount().unwrap();
+    check(&imgs);
+}

@@ -9,6 +9,7 @@
 
 pub mod block_group;
 mod chunk_alloc;
+mod chunk_remove;
 pub mod delayed_ref;
 pub mod extent_tree;
 pub mod free_space_tree;

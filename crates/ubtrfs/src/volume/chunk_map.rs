@@ -230,6 +230,14 @@ impl ChunkMap {
         Ok(())
     }
 
+    /// Drop the chunk starting at `logical` (a removed, empty chunk).
+    pub fn remove(&self, logical: u64) -> Result<()> {
+        let mut map = self.chunks.write().unwrap_or_else(|e| e.into_inner());
+        map.remove(&logical)
+            .map(|_| ())
+            .ok_or(Error::Unmapped(logical))
+    }
+
     /// The chunk holding `logical`.
     pub fn lookup(&self, logical: u64) -> Result<Arc<Chunk>> {
         self.read()

@@ -307,13 +307,8 @@ fn churn_between_commits_takes_no_new_chunks() {
     fs.set_compression(Some((Compression::Zstd, None))).unwrap();
     let f = fs.create(fs.root(), b"f", file(0o644)).unwrap().id;
     let size: u64 = 4 << 20;
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut rand = move |n: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % n
-    };
+    let mut rng = testkit::Rng::new(0x9e37_79b9_7f4a_7c15);
+    let mut rand = move |n: u64| rng.range(0, n - 1);
     // 3000 rounds of up to 128 KiB: ~190 MiB written, far more than the
     // data chunk mkfs made, into a file that never passes 4 MiB.
     for round in 0..3000u64 {

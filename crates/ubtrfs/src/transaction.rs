@@ -713,6 +713,8 @@ impl Filesystem {
             }
         }
         self.writeback_all(w)?;
+        // Nothing names data that is not on disk.
+        self.finish_in_flight(w, None, true)?;
         // Block groups emptied by an earlier commit go in this one, even
         // when nothing else changed.
         let unused = self.unused_groups(w);
@@ -726,6 +728,7 @@ impl Filesystem {
         }
         self.remove_groups(w, &unused)?;
         self.settle(w)?;
+        self.delalloc().drop_spares();
         self.write_out(w)
     }
 

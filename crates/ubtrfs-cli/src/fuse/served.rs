@@ -87,7 +87,8 @@ impl Served {
     }
 
     /// The filesystem, without the lock: only for what never changes
-    /// (the superblock, the geometry, the root's identity).
+    /// (the superblock, the geometry, the root's identity) and for waits
+    /// that must not hold it (write throttling).
     pub fn fs_unlocked(&self) -> &Filesystem {
         &self.fs
     }

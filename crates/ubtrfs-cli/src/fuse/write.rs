@@ -105,6 +105,9 @@ impl FuseFs {
         kill: bool,
     ) -> Result<(u32, bool), Errno> {
         let id = self.inode_of(ino);
+        // Wait for the device here, not inside the lock every other
+        // change needs.
+        self.served.fs_unlocked().throttle_writes();
         let done = self.served.write(|fs| {
             self.keeping_times(fs, id, || {
                 let killed = kill && kill_privs(fs, id)?;

@@ -137,8 +137,10 @@ impl Filesystem {
             )));
         }
 
-        // Work on what is on disk.
+        // Work on what is on disk, checksummed: a clone's extents are
+        // never in flight (only their owner's fsync waits for those).
         self.writeback(w, src)?;
+        self.finish_in_flight(w, Some(src), true)?;
         if dst != src {
             self.writeback(w, dst)?;
         }

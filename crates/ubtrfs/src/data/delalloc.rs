@@ -19,7 +19,15 @@ pub struct Delalloc {
     bytes: u64,
     /// Sector size, learnt from the first sector stored.
     sectorsize: u64,
+    /// Buffers of long runs already written, kept for new long runs: fresh
+    /// memory costs a page fault and a zeroed page per 4 KiB written.
+    spare: Vec<Vec<u8>>,
 }
+
+/// Runs this long take a spare buffer (or room for a whole extent).
+const LONG_RUN: usize = 1 << 20;
+/// Spare buffers kept at most.
+const SPARES: usize = 4;
 
 /// A run of contiguous dirty sectors of one inode.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,31 +81,103 @@ impl Delalloc {
             self.sectorsize = sectorsize;
         }
         let ss = self.sectorsize as usize;
-        let file = self.files.entry(id).or_default();
-        for (i, sector) in data.chunks(ss).enumerate() {
+        let max = MAX_EXTENT as usize;
+        let Delalloc {
+            files,
+            bytes,
+            spare,
+            ..
+        } = self;
+        let file = files.entry(id).or_default();
+        let n = data.len() / ss;
+        let mut i = 0;
+        while i < n {
             let idx = index + i as u64;
-            // The run holding this sector is overwritten; one ending just
-            // before it grows; else the sector starts a run of its own.
-            match file.range_mut(..=idx).next_back() {
+            // Sectors up to the next run (or the end of the data).
+            let gap = file
+                .range(idx + 1..)
+                .next()
+                .map_or(n - i, |(&next, _)| ((next - idx) as usize).min(n - i));
+            let (start, taken) = match file.range_mut(..=idx).next_back() {
+                // The run holding these sectors is overwritten.
                 Some((&start, run)) if ((idx - start) as usize) * ss < run.len() => {
                     let at = (idx - start) as usize * ss;
-                    run[at..at + sector.len()].copy_from_slice(sector);
+                    let k = ((run.len() - at) / ss).min(n - i);
+                    run[at..at + k * ss].copy_from_slice(&data[i * ss..(i + k) * ss]);
+                    i += k;
+                    continue;
                 }
-                // A run stops growing at the largest extent, so writeback
-                // can usually hand runs over without cutting them.
+                // One ending just before grows, up to the largest extent, so
+                // writeback can usually hand runs over without cutting them.
                 Some((&start, run))
-                    if ((idx - start) as usize) * ss == run.len()
-                        && (run.len() + sector.len()) as u64 <= MAX_EXTENT =>
+                    if ((idx - start) as usize) * ss == run.len() && run.len() + ss <= max =>
                 {
-                    run.extend_from_slice(sector);
-                    self.bytes += sector.len() as u64;
+                    let k = gap.min((max - run.len()) / ss);
+                    let add = &data[i * ss..(i + k) * ss];
+                    if run.capacity() - run.len() < add.len() && run.len() >= LONG_RUN {
+                        // A stream: room for the whole extent at once, not
+                        // a copy per doubling; a spare buffer if there is one.
+                        match spare.pop() {
+                            Some(mut b) => {
+                                b.extend_from_slice(run);
+                                *run = b;
+                            }
+                            None => run.reserve_exact(max - run.len()),
+                        }
+                    }
+                    run.extend_from_slice(add);
+                    (start, k)
                 }
                 _ => {
-                    file.insert(idx, sector.to_vec());
-                    self.bytes += sector.len() as u64;
+                    let k = gap.min(max / ss);
+                    let add = &data[i * ss..(i + k) * ss];
+                    let run = match spare.pop() {
+                        Some(mut b) if add.len() >= LONG_RUN => {
+                            b.extend_from_slice(add);
+                            b
+                        }
+                        other => {
+                            spare.extend(other);
+                            add.to_vec()
+                        }
+                    };
+                    file.insert(idx, run);
+                    (idx, k)
+                }
+            };
+            *bytes += (taken * ss) as u64;
+            i += taken;
+            // A run that now reaches the next one takes it in (writes that
+            // arrive out of order leave the later one short): cheaper now
+            // than joining two long runs at writeback.
+            let end = idx + taken as u64;
+            let fits = match (file.get(&start), file.get(&end)) {
+                (Some(a), Some(b)) => a.len() + b.len() <= max,
+                _ => false,
+            };
+            if fits && let Some(mut next) = file.remove(&end) {
+                if let Some(run) = file.get_mut(&start) {
+                    run.extend_from_slice(&next);
+                }
+                if next.capacity() >= MAX_EXTENT as usize / 2 && spare.len() < SPARES {
+                    next.clear();
+                    spare.push(next);
                 }
             }
         }
+    }
+
+    /// Keep `buf`, the buffer of a run that was written, for a new run.
+    pub fn recycle(&mut self, mut buf: Vec<u8>) {
+        if buf.capacity() >= MAX_EXTENT as usize / 2 && self.spare.len() < SPARES {
+            buf.clear();
+            self.spare.push(buf);
+        }
+    }
+
+    /// Give the spare buffers' memory back.
+    pub fn drop_spares(&mut self) {
+        self.spare = Vec::new();
     }
 
     /// Copy the dirty bytes of `id` overlapping `[offset, offset + out.len())`

@@ -6,6 +6,7 @@ pub mod compression;
 mod csum_pool;
 pub mod delalloc;
 mod extent_lookup;
+pub(crate) mod in_flight;
 mod nocow;
 pub mod ordered;
 mod read;

@@ -351,7 +351,19 @@ impl Filesystem {
             let data = Arc::new(std::mem::take(&mut oe.data));
             oe.sums = Some(self.write_with_sums(w, oe.disk_bytenr, &data, spec)?);
         }
-        // Completion: the items that make the extent part of the file.
+        self.insert_ordered_items(w, &oe, len)
+    }
+
+    /// Completion: the items that make `oe` (of `len` bytes on disk) part
+    /// of its file, and its checksums if it has them. Returns the bytes
+    /// it adds to the file.
+    pub(crate) fn insert_ordered_items(
+        &self,
+        w: &mut Writer,
+        oe: &OrderedExtent,
+        len: u64,
+    ) -> Result<u64> {
+        let geo = self.geometry();
         if let Some(sums) = &oe.sums {
             self.modify_tree(w, CSUM_TREE_OBJECTID, |ed, root| {
                 csum_tree::insert(
@@ -394,6 +406,70 @@ impl Filesystem {
         };
         w.blocks.refs.change_data(oe.disk_bytenr, len, owner, 1);
         Ok(oe.ram_len)
+    }
+
+    /// Complete `data[part]`, bound for `disk_bytenr` at
+    /// `file_offset` of `id`, into the running transaction now and leave
+    /// its write and checksums to the writeback thread
+    /// ([`super::in_flight`]). Returns the bytes it adds to the file.
+    pub(crate) fn complete_ordered_later(
+        &self,
+        w: &mut Writer,
+        id: InodeId,
+        file_offset: u64,
+        disk_bytenr: u64,
+        data: &Arc<Vec<u8>>,
+        part: std::ops::Range<usize>,
+    ) -> Result<u64> {
+        let len = part.len();
+        let geo = self.geometry();
+        let nodatasum = self.inode_item(id)?.flags & INODE_NODATASUM != 0;
+        let mut oe = OrderedExtent::new(id, file_offset, disk_bytenr, Vec::new());
+        oe.ram_len = len as u64;
+        let added = self.insert_ordered_items(w, &oe, len as u64)?;
+        let spec = CsumSpec {
+            csum_type: self.superblock().csum_type,
+            sectorsize: geo.sectorsize as usize,
+            csum_size: geo.csum_size,
+        };
+        self.in_flight.submit(
+            self.tree_reader().volume(),
+            spec,
+            disk_bytenr,
+            id,
+            Arc::clone(data),
+            part.start,
+            len,
+            !nodatasum,
+        )?;
+        Ok(added)
+    }
+
+    /// Wait for the extents the writeback thread is writing for `owner`
+    /// (every file's if `None`) and put their checksums into the running
+    /// transaction; with `wait` false, only of those written already.
+    pub(crate) fn finish_in_flight(
+        &self,
+        w: &mut Writer,
+        owner: Option<InodeId>,
+        wait: bool,
+    ) -> Result<()> {
+        if self.in_flight.is_idle() {
+            return Ok(());
+        }
+        let geo = self.geometry();
+        for f in self.in_flight.finish(owner, wait)? {
+            if let Some(b) = f.buffer {
+                self.delalloc().recycle(b);
+            }
+            if f.sums.is_empty() {
+                continue;
+            }
+            self.modify_tree(w, CSUM_TREE_OBJECTID, |ed, root| {
+                csum_tree::insert(ed, root, f.logical, &f.sums, geo.sectorsize, geo.csum_size)
+            })?;
+        }
+        Ok(())
     }
 
     /// Write `data` at `disk_bytenr` and return its checksums, piece by

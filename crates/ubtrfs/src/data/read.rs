@@ -145,6 +145,13 @@ impl Filesystem {
         let start = logical - logical % ss;
         let end = (logical + len as u64).div_ceil(ss) * ss;
         let mut buf = vec![0u8; (end - start) as usize];
+        if self.in_flight.read(start, &mut buf) {
+            // Still on its way to the device (and checksummed from this).
+            let skip = (logical - start) as usize;
+            buf.drain(..skip);
+            buf.truncate(len);
+            return Ok(buf);
+        }
         let volume = self.trees.volume();
         let copies = volume.num_copies(start)?;
         let mut first_err = None;

@@ -24,8 +24,14 @@ use crate::{Error, Result};
 pub const MAX_INLINE: u64 = 2048;
 /// Largest data extent the kernel creates.
 pub(crate) const MAX_EXTENT: u64 = 128 << 20;
-/// Dirty data beyond this is written back before more is accepted.
-const DIRTY_LIMIT: u64 = 256 << 20;
+/// Dirty data beyond this is handed to the writeback thread.
+const DIRTY_LIMIT: u64 = 16 << 20;
+/// Data the writeback thread may have queued before writers wait for it
+/// ([`Filesystem::throttle_writes`], before any lock is taken).
+const IN_FLIGHT_LIMIT: u64 = 32 << 20;
+/// Past this, a write waits for the writeback thread even while it holds
+/// the change lock (a caller that never throttles).
+const IN_FLIGHT_HARD_LIMIT: u64 = 512 << 20;
 /// Most data chunks one write may add.
 const MAX_NEW_CHUNKS: usize = 64;
 
@@ -114,9 +120,33 @@ impl Filesystem {
             i.ctime = now;
         })?;
         if self.delalloc().bytes() > DIRTY_LIMIT {
-            self.writeback_all(&mut w)?;
+            self.writeback_background(&mut w)?;
         }
         Ok(data.len())
+    }
+
+    /// Wait, holding nothing, while the writeback thread has more than its
+    /// share of data queued. A server calls it before it takes its own
+    /// lock for a write, so a stream of writes is slowed to the device's
+    /// pace without holding up everybody else.
+    pub fn throttle_writes(&self) {
+        self.in_flight.wait_for_room(IN_FLIGHT_LIMIT);
+    }
+
+    /// Hand every inode's dirty data to the writeback thread: its extents
+    /// join the running transaction now, their data goes to the device
+    /// while the caller goes on.
+    fn writeback_background(&self, w: &mut Writer) -> Result<()> {
+        // Checksums of what is written already go in now, in small steps.
+        self.finish_in_flight(w, None, false)?;
+        self.in_flight.wait_for_room(IN_FLIGHT_HARD_LIMIT);
+        let ss = self.geometry().sectorsize as u64;
+        let ids = self.delalloc().inodes();
+        for id in ids {
+            let mut runs = self.delalloc().take_runs(id, ss, MAX_EXTENT);
+            self.writeback_taken(w, id, &mut runs, true)?;
+        }
+        Ok(())
     }
 
     /// Make sure `more` bytes of dirty data can be written back later:
@@ -186,17 +216,24 @@ impl Filesystem {
     pub(crate) fn writeback(&self, w: &mut Writer, id: InodeId) -> Result<()> {
         let ss = self.geometry().sectorsize as u64;
         let mut runs = self.delalloc().take_runs(id, ss, MAX_EXTENT);
-        self.writeback_taken(w, id, &mut runs)
+        self.writeback_taken(w, id, &mut runs, false)
     }
 
     /// Write back `runs`, taken out of the dirty set of `id`; what was not
-    /// written goes back if writeback fails.
-    fn writeback_taken(&self, w: &mut Writer, id: InodeId, runs: &mut [DirtyRun]) -> Result<()> {
+    /// written goes back if writeback fails. New extents are written by
+    /// the writeback thread if `background`.
+    fn writeback_taken(
+        &self,
+        w: &mut Writer,
+        id: InodeId,
+        runs: &mut [DirtyRun],
+        background: bool,
+    ) -> Result<()> {
         if runs.is_empty() {
             return Ok(());
         }
         let ss = self.geometry().sectorsize as u64;
-        let r = self.writeback_runs(w, id, runs);
+        let r = self.writeback_runs(w, id, runs, background);
         if r.is_err() {
             let mut d = self.delalloc();
             for run in runs.iter().filter(|r| !r.data.is_empty()) {
@@ -208,7 +245,13 @@ impl Filesystem {
 
     /// [`Filesystem::writeback`] of `runs`, taken out of the dirty set;
     /// each run's data is emptied once it is handed to an ordered extent.
-    fn writeback_runs(&self, w: &mut Writer, id: InodeId, runs: &mut [DirtyRun]) -> Result<()> {
+    fn writeback_runs(
+        &self,
+        w: &mut Writer,
+        id: InodeId,
+        runs: &mut [DirtyRun],
+        background: bool,
+    ) -> Result<()> {
         let ss = self.geometry().sectorsize as u64;
         let inode = self.inode_item(id)?;
         let size = inode.size;
@@ -226,6 +269,11 @@ impl Filesystem {
             })?;
         } else {
             let nocow = inode.flags & INODE_NODATACOW != 0;
+            if nocow {
+                // Bytes rewritten in place must not race an older write
+                // of the same extent.
+                self.finish_in_flight(w, Some(id), true)?;
+            }
             for run in runs.iter_mut() {
                 let len = run.data.len() as u64;
                 let segs = if nocow {
@@ -242,7 +290,7 @@ impl Filesystem {
                     && seg.len == len
                 {
                     // The whole run goes to new extents: hand its data over.
-                    self.cow_range(w, id, run.offset, &mut run.data)?;
+                    self.cow_range(w, id, run.offset, &mut run.data, background && !nocow)?;
                     continue;
                 }
                 for seg in segs {
@@ -251,7 +299,7 @@ impl Filesystem {
                     match seg.in_place {
                         // The extent stays; only its bytes change.
                         Some(at) => self.tree_reader().volume().write(at, bytes)?,
-                        None => self.cow_range(w, id, seg.offset, &mut bytes.to_vec())?,
+                        None => self.cow_range(w, id, seg.offset, &mut bytes.to_vec(), false)?,
                     }
                 }
                 run.data = Vec::new();
@@ -263,14 +311,16 @@ impl Filesystem {
         Ok(())
     }
 
-    /// Write `data` at `offset` into new extents, replacing what was there.
-    /// Once space is reserved, `data` is taken (left empty).
+    /// Write `data` at `offset` into new extents, replacing what was there;
+    /// by the writeback thread if `background`. Once space is reserved,
+    /// `data` is taken (left empty).
     fn cow_range(
         &self,
         w: &mut Writer,
         id: InodeId,
         offset: u64,
         data: &mut Vec<u8>,
+        background: bool,
     ) -> Result<()> {
         if let Some((kind, level)) = self.compression_for(w, id)?
             && self.cow_range_compressed(w, id, offset, data, kind, level)?
@@ -284,6 +334,25 @@ impl Filesystem {
         let removed = self.drop_range(w, id, offset, offset + len)?;
         let mut added = 0;
         let mut done = 0usize;
+        if background {
+            let data = std::sync::Arc::new(data);
+            for (disk, plen) in pieces {
+                let file_offset = offset + done as u64;
+                added += self.complete_ordered_later(
+                    w,
+                    id,
+                    file_offset,
+                    disk,
+                    &data,
+                    done..done + plen as usize,
+                )?;
+                done += plen as usize;
+            }
+            self.change_inode(w, id, |i| {
+                i.nbytes = i.nbytes.saturating_sub(removed) + added
+            })?;
+            return Ok(());
+        }
         let single = pieces.len() == 1;
         let mut data = Some(data);
         for (disk, plen) in pieces {

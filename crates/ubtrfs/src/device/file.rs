@@ -172,6 +172,25 @@ impl Device for FileDevice {
         Ok(())
     }
 
+    fn write_behind(&self, offset: u64, len: u64, wait: bool) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        let flags = if wait {
+            libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                | libc::SYNC_FILE_RANGE_WRITE
+                | libc::SYNC_FILE_RANGE_WAIT_AFTER
+        } else {
+            libc::SYNC_FILE_RANGE_WRITE
+        };
+        // SAFETY: a plain system call on a descriptor we own; no memory is passed.
+        let r = unsafe {
+            libc::sync_file_range(self.file.as_raw_fd(), offset as i64, len as i64, flags)
+        };
+        if r != 0 {
+            return Err(self.io(std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
     fn counters(&self) -> &Counters {
         &self.counters
     }

@@ -29,6 +29,14 @@ pub trait Device: Send + Sync {
     fn write_fua(&self, offset: u64, buf: &[u8]) -> Result<()>;
     /// I/O counters of this device.
     fn counters(&self) -> &Counters;
+    /// Start writing out what a cache between us and the device holds of
+    /// `len` bytes at `offset` (the page cache, for a file); with `wait`,
+    /// wait until it is written. Pacing, not durability: only
+    /// [`Device::flush`] makes writes durable.
+    fn write_behind(&self, offset: u64, len: u64, wait: bool) -> Result<()> {
+        let _ = (offset, len, wait);
+        Ok(())
+    }
 }
 
 /// Counts of the I/O a device has done, so tests can assert them.

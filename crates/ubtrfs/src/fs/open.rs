@@ -55,6 +55,8 @@ pub struct Filesystem {
     pub(crate) open_inodes: std::sync::Mutex<HashMap<InodeId, u32>>,
     /// Written data not yet in extents.
     pub(crate) delalloc: std::sync::Mutex<crate::data::delalloc::Delalloc>,
+    /// Extents whose data the writeback thread is writing.
+    pub(crate) in_flight: crate::data::in_flight::InFlight,
     /// When the filesystem was opened (times of synthesized inodes).
     pub(crate) opened_at: crate::format::items::Timespec,
 }
@@ -149,6 +151,7 @@ impl Filesystem {
             sb,
             opened_at: now(),
             delalloc: std::sync::Mutex::new(Default::default()),
+            in_flight: Default::default(),
             open_inodes: std::sync::Mutex::new(HashMap::new()),
         };
         fs.default_subvol = fs.find_default_subvol()?;

@@ -60,6 +60,8 @@ impl Filesystem {
             return Ok(Synced::Nothing);
         }
         let logged = self.writeback(&mut w, id).and_then(|()| {
+            // The log copies the file's checksums and needs its data on disk.
+            self.finish_in_flight(&mut w, Some(id), true)?;
             if self.may_log(&mut w)? {
                 self.log_inode(&mut w, id)
             } else {

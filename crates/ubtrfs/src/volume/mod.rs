@@ -73,6 +73,24 @@ impl Volume {
         Ok(())
     }
 
+    /// [`Device::write_behind`] for every copy of `len` bytes at `logical`
+    /// (within one chunk).
+    pub fn write_behind(&self, logical: u64, len: usize, wait: bool) -> Result<()> {
+        let chunk = self.chunks.lookup(logical)?;
+        for mirror in 0..chunk.num_copies() {
+            let mut done = 0usize;
+            while done < len {
+                let pos = logical + done as u64;
+                let piece = chunk.map(pos, len - done, mirror)?;
+                if let Some(dev) = self.devices.get(piece.devid) {
+                    dev.write_behind(piece.physical, piece.len as u64, wait)?;
+                }
+                done += piece.len;
+            }
+        }
+        Ok(())
+    }
+
     /// Whether copy `mirror` of `logical` is on a device that is present.
     pub fn copy_present(&self, logical: u64, mirror: usize) -> bool {
         self.chunks

@@ -38,6 +38,8 @@ struct Gated {
     open: Mutex<bool>,
     opened: Condvar,
     fail: AtomicBool,
+    /// Hold only the writeback thread's writes.
+    writeback_only: AtomicBool,
     /// Large writes waiting at the gate right now.
     waiting: AtomicUsize,
 }
@@ -49,6 +51,7 @@ impl Gated {
             open: Mutex::new(true),
             opened: Condvar::new(),
             fail: AtomicBool::new(false),
+            writeback_only: AtomicBool::new(false),
             waiting: AtomicUsize::new(0),
         })
     }
@@ -76,6 +79,11 @@ impl Device for Gated {
                     path: self.path().to_path_buf(),
                     source: std::io::Error::other("injected write failure"),
                 });
+            }
+            if self.writeback_only.load(Ordering::SeqCst)
+                && std::thread::current().name() != Some("writeback")
+            {
+                return self.inner.write_at(offset, buf);
             }
             self.waiting.fetch_add(1, Ordering::SeqCst);
             let g = self.open.lock().unwrap();
@@ -205,6 +213,58 @@ fn writes_reads_and_fsyncs_do_not_wait_for_background_data() {
     let kernel = kernel_reads(dir.path(), &img, &["big", "small"]);
     assert!(kernel[0] == data, "the kernel reads other bytes");
     assert_eq!(kernel[1], b"after!");
+}
+
+/// An fsync of a file whose extents wait behind another file's in the
+/// writeback thread writes them itself: it does not wait for the other
+/// file's data (held at the gate here).
+#[test]
+fn an_fsync_does_not_wait_behind_another_files_stream() {
+    let dir = testkit::TestDir::new("bg-writeback-fsync").unwrap();
+    let img = mkfs(dir.path());
+    let dev = Gated::new(&img);
+    let fs = Arc::new(open(&dev));
+    let _gate = OpenOnDrop(Arc::clone(&dev));
+    let streamed = fs.create(fs.root(), b"stream", FILE).unwrap().id;
+    let synced = fs.create(fs.root(), b"synced", FILE).unwrap().id;
+    fs.commit().unwrap();
+
+    dev.writeback_only.store(true, Ordering::SeqCst);
+    dev.set_open(false);
+    let stream_data = testkit::xorshift_bytes(3, 40 << 20);
+    stream(&fs, streamed, &stream_data).unwrap();
+    // The thread is stuck on the stream's first extent; this file's
+    // extents queue behind the stream's.
+    let synced_data = testkit::xorshift_bytes(4, 20 << 20);
+    stream(&fs, synced, &synced_data).unwrap();
+    assert!(
+        dev.waiting.load(Ordering::SeqCst) > 0,
+        "nothing in the background"
+    );
+    let fs2 = Arc::clone(&fs);
+    let how = within("an fsync behind another file's stream", move || {
+        fs2.fsync(synced, false).unwrap()
+    });
+    assert_eq!(how, Synced::Logged);
+    assert!(
+        dev.waiting.load(Ordering::SeqCst) > 0,
+        "the stream's data got through the gate"
+    );
+
+    dev.set_open(true);
+    fs.commit().unwrap();
+    drop(fs);
+    std::fs::write(&img, dev.inner.snapshot()).unwrap();
+    check(&img);
+    let kernel = kernel_reads(dir.path(), &img, &["stream", "synced"]);
+    assert!(
+        kernel[0] == stream_data,
+        "the kernel reads other stream bytes"
+    );
+    assert!(
+        kernel[1] == synced_data,
+        "the kernel reads other synced bytes"
+    );
 }
 
 #[test]

@@ -83,6 +83,8 @@ pub(crate) struct Finished {
 pub(crate) struct InFlight {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Where and how extents are written, from the first submission.
+    io: std::sync::OnceLock<(Arc<Volume>, CsumSpec)>,
 }
 
 impl InFlight {
@@ -101,6 +103,7 @@ impl InFlight {
         sums: bool,
     ) -> Result<()> {
         {
+            let _ = self.io.set((Arc::clone(volume), spec));
             let mut t = self.thread.lock().unwrap_or_else(|e| e.into_inner());
             if t.is_none() {
                 let shared = Arc::clone(&self.shared);
@@ -181,6 +184,14 @@ impl InFlight {
         let mut done = Vec::with_capacity(wanted.len());
         let mut failed = None;
         for logical in wanted {
+            // One the thread has not taken yet is written here, rather than
+            // after everything queued before it (another file's stream).
+            if let Some(at) = s.queue.iter().position(|&l| l == logical)
+                && let Some((volume, spec)) = self.io.get()
+            {
+                s.queue.remove(at);
+                s = write_queued(&self.shared, s, logical, volume, *spec);
+            }
             while s.extents.get(&logical).is_some_and(|e| e.outcome.is_none()) {
                 s = self.shared.wait(s);
             }
@@ -232,26 +243,39 @@ fn run(shared: &Shared, volume: &Volume, spec: CsumSpec) {
             s = shared.wait(s);
             continue;
         };
-        let Some(e) = s.extents.get(&logical) else {
-            continue;
-        };
-        let (data, at, len, want) = (Arc::clone(&e.data), e.at, e.len, e.sums);
-        drop(s);
-        let outcome = write_extent(volume, spec, logical, &data[at..at + len], want).map_err(|e| {
-            Error::Devices(format!(
-                "background data write at logical {logical}: {}",
-                chain(&e)
-            ))
-        });
-        // Dropped first, so whoever finishes the extent can reuse the buffer.
-        drop(data);
-        s = shared.lock();
-        s.unwritten -= len as u64;
-        if let Some(e) = s.extents.get_mut(&logical) {
-            e.outcome = Some(outcome);
-        }
-        shared.changed.notify_all();
+        s = write_queued(shared, s, logical, volume, spec);
     }
+}
+
+/// Write extent `logical`, just taken out of the queue, on this thread and
+/// record the outcome; `s` is released meanwhile.
+fn write_queued<'a>(
+    shared: &'a Shared,
+    s: MutexGuard<'a, State>,
+    logical: u64,
+    volume: &Volume,
+    spec: CsumSpec,
+) -> MutexGuard<'a, State> {
+    let Some(e) = s.extents.get(&logical) else {
+        return s;
+    };
+    let (data, at, len, want) = (Arc::clone(&e.data), e.at, e.len, e.sums);
+    drop(s);
+    let outcome = write_extent(volume, spec, logical, &data[at..at + len], want).map_err(|e| {
+        Error::Devices(format!(
+            "background data write at logical {logical}: {}",
+            chain(&e)
+        ))
+    });
+    // Dropped first, so whoever finishes the extent can reuse the buffer.
+    drop(data);
+    let mut s = shared.lock();
+    s.unwritten -= len as u64;
+    if let Some(e) = s.extents.get_mut(&logical) {
+        e.outcome = Some(outcome);
+    }
+    shared.changed.notify_all();
+    s
 }
 
 fn write_extent(

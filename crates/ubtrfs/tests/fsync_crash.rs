@@ -43,6 +43,10 @@ struct FileState {
     xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
 }
 
+/// Ops in the device log when an fsync returned, the index in each file's
+/// history of its last fsync'd state, and which hard links were durable.
+type Mark = (usize, Vec<Option<usize>>, Vec<bool>);
+
 fn rng(seed: &mut u64) -> u64 {
     *seed ^= *seed << 13;
     *seed ^= *seed >> 7;
@@ -220,11 +224,19 @@ fn fsyncs_survive(
     // created since).
     let mut history: Vec<Vec<FileState>> = ids.iter().map(|&id| vec![state_of(&fs, id)]).collect();
     let mut synced: Vec<Option<usize>> = vec![Some(0); FILES];
-    // marks: (ops in the device log when an fsync returned, synced indexes).
-    let mut marks: Vec<(usize, Vec<Option<usize>>)> = vec![(0, synced.clone())];
+    // Hard links made since: (file, path under the mount), and whether an
+    // fsync of the file (or a commit) has made each durable.
+    let mut links: Vec<(usize, String)> = Vec::new();
+    let mut linked: Vec<bool> = Vec::new();
+    // marks: (ops in the device log when an fsync returned, synced indexes,
+    // durable links).
+    let mut marks: Vec<Mark> = vec![(0, synced.clone(), linked.clone())];
     let (mut logged, mut committed) = (0, 0);
+    // fsyncs right after a hard link, and how many of them were logged.
+    let (mut link_fsyncs, mut links_logged) = (0, 0);
     for step in 0..40 {
         let mut g = None;
+        let mut after_link = false;
         if step % 5 == 2 {
             // A new file, written and (mostly) fsync'd at once: logged
             // with its name.
@@ -251,6 +263,24 @@ fn fsyncs_survive(
             if !rng(&mut seed).is_multiple_of(4) {
                 g = Some(k);
             }
+        } else if step % 7 == 4 {
+            // A hard link next to the file, then (logged) an fsync of it.
+            let f = (rng(&mut seed) % ids.len() as u64) as usize;
+            let (dir_rel, name) = match rels[f].rsplit_once('/') {
+                Some((d, _)) => (format!("/{d}"), format!("l{step}")),
+                None => ("/".to_string(), format!("l{step}")),
+            };
+            let dir = fs.resolve_path(dir_rel.as_bytes()).unwrap();
+            fs.link(ids[f], dir, name.as_bytes()).unwrap();
+            let rel = match rels[f].rsplit_once('/') {
+                Some((d, _)) => format!("{d}/{name}"),
+                None => name,
+            };
+            links.push((f, rel));
+            linked.push(false);
+            history[f].push(state_of(&fs, ids[f]));
+            g = Some(f);
+            after_link = true;
         } else {
             let f = (rng(&mut seed) % ids.len() as u64) as usize;
             mutate(&fs, ids[f], &mut seed);
@@ -262,6 +292,10 @@ fn fsyncs_survive(
         if let Some(g) = g {
             let before = rec.log();
             let how = fs.fsync(ids[g], rng(&mut seed).is_multiple_of(2)).unwrap();
+            if after_link {
+                link_fsyncs += 1;
+                links_logged += usize::from(how == Synced::Logged);
+            }
             let log = rec.log();
             let new = &log[before.len()..];
             let flushes = new.iter().filter(|o| **o == Op::Flush).count();
@@ -291,11 +325,15 @@ fn fsyncs_survive(
                     for (f, h) in history.iter().enumerate() {
                         synced[f] = Some(h.len() - 1);
                     }
+                    linked.iter_mut().for_each(|l| *l = true);
                 }
                 Synced::Nothing => assert!(new.is_empty(), "fsync {step}: {new:?}"),
             }
             synced[g] = Some(history[g].len() - 1);
-            marks.push((log.len(), synced.clone()));
+            for (l, (f, _)) in links.iter().enumerate() {
+                linked[l] |= *f == g;
+            }
+            marks.push((log.len(), synced.clone(), linked.clone()));
         }
     }
     // Files whose names do not change, and new files, are logged, not
@@ -303,6 +341,11 @@ fn fsyncs_survive(
     assert!(
         logged > committed,
         "{name}: {logged} fsyncs logged, {committed} committed"
+    );
+    // A file with a new hard link is logged with all its names.
+    assert!(
+        link_fsyncs > 0 && links_logged == link_fsyncs,
+        "{name}: {links_logged} of {link_fsyncs} fsyncs after a hard link logged"
     );
     // More changes nobody syncs.
     for _ in 0..10 {
@@ -315,15 +358,15 @@ fn fsyncs_survive(
     // Power cuts: after every flush and every FUA write (the device then
     // holds exactly the ops before it), and at the very end. The fsyncs
     // that had returned by then must show.
-    let cuts: Vec<(usize, &Vec<Option<usize>>)> = log
+    let cuts: Vec<(usize, &Mark)> = log
         .iter()
         .enumerate()
         .filter(|(_, o)| matches!(o, Op::Flush | Op::Fua { .. }))
         .map(|(i, _)| i + 1)
         .chain([log.len()])
         .map(|c| {
-            let m = marks.iter().rev().find(|(at, _)| *at <= c).unwrap();
-            (c, &m.1)
+            let m = marks.iter().rev().find(|(at, _, _)| *at <= c).unwrap();
+            (c, m)
         })
         .collect();
     assert!(cuts.len() > marks.len(), "every fsync flushed");
@@ -331,7 +374,13 @@ fn fsyncs_survive(
     let work = dir.path().join("cut.img");
     let mnt = dir.path().join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
-    for (n, &(cut, synced)) in cuts.iter().enumerate() {
+    for (n, &(cut, (_, synced, durable))) in cuts.iter().enumerate() {
+        let due_links: Vec<&(usize, String)> = links
+            .iter()
+            .zip(durable.iter().chain(std::iter::repeat(&false)))
+            .filter(|(_, d)| **d)
+            .map(|(l, _)| l)
+            .collect();
         let mut image = base.clone();
         replay(&mut image, &log[..cut]);
         std::fs::write(&work, &image).unwrap();
@@ -359,6 +408,14 @@ fn fsyncs_survive(
                     "{name}: cut {n}: ubtrfs shows {path} in no state since its last fsync"
                 );
             }
+            for (f, link) in &due_links {
+                let at = fs.resolve_path(format!("/{link}").as_bytes());
+                let file = fs.resolve_path(format!("/{}", rels[*f]).as_bytes());
+                assert!(
+                    matches!((&at, &file), (Ok(a), Ok(b)) if a == b),
+                    "{name}: cut {n}: ubtrfs lost the fsync'd link {link}: {at:?}"
+                );
+            }
         }
         // The kernel replays whatever log the image has, then shows the files.
         {
@@ -369,6 +426,15 @@ fn fsyncs_survive(
                     allowed(f, s, &got),
                     "{name}: cut {n}: the kernel shows f{f} (size {}) in no state since its last fsync",
                     got.data.len()
+                );
+            }
+            for (f, link) in &due_links {
+                use std::os::unix::fs::MetadataExt;
+                let at = std::fs::metadata(m.path().join(link)).map(|s| s.ino());
+                let file = std::fs::metadata(m.path().join(&rels[*f])).map(|s| s.ino());
+                assert!(
+                    matches!((&at, &file), (Ok(a), Ok(b)) if a == b),
+                    "{name}: cut {n}: the kernel lost the fsync'd link {link}: {at:?}"
                 );
             }
             m.unmount().unwrap();

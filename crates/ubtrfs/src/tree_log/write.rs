@@ -269,13 +269,22 @@ fn inode_head(cur: &Tree<'_>, old: &Tree<'_>, ino: u64) -> Result<Option<(ItemMa
     };
     let mut head = ItemMap::new();
     if o.inode.is_some() {
-        if names(&c) != names(&o) {
-            return Ok(None);
+        let (now, before) = (names(&c), names(&o));
+        if now != before {
+            // Names only added (hard links into directories the commit
+            // had): logged with all its names, the replay adds the new ones
+            // and keeps the old (it drops names a logged ref lacks).
+            if !names_only_added(old, &before, &now)? {
+                return Ok(None);
+            }
+            head.extend(now);
         }
     } else {
         // A new file: the replay links it under the names it logs.
         for (key, data) in names(&c) {
-            if key.item_type != INODE_REF_KEY || !new_names_only_add(old, key.offset, &data)? {
+            if key.item_type != INODE_REF_KEY
+                || !new_names_only_add(old, key.offset, &InodeRef::parse_refs(&data, key.offset)?)?
+            {
                 return Ok(None);
             }
             head.insert(key, data);
@@ -291,10 +300,50 @@ fn inode_head(cur: &Tree<'_>, old: &Tree<'_>, ino: u64) -> Result<Option<(ItemMa
     Ok(Some((head, item)))
 }
 
-/// Whether the names in INODE_REF item `data` (all in directory `parent`)
-/// are new names in a directory the committed tree `old` has: no entry
-/// of the same name or index there.
-fn new_names_only_add(old: &Tree<'_>, parent: u64, data: &[u8]) -> Result<bool> {
+/// Whether the names of a file the commit had, `before` as committed and
+/// `now` (INODE_REF items), only add names, each new in a directory the
+/// committed tree `old` has.
+fn names_only_added(
+    old: &Tree<'_>,
+    before: &[(Key, Vec<u8>)],
+    now: &[(Key, Vec<u8>)],
+) -> Result<bool> {
+    if before
+        .iter()
+        .chain(now)
+        .any(|(k, _)| k.item_type != INODE_REF_KEY)
+    {
+        return Ok(false);
+    }
+    let refs = |items: &[(Key, Vec<u8>)], key: &Key| -> Result<Vec<InodeRef>> {
+        match items.iter().find(|(k, _)| k == key) {
+            Some((_, d)) => InodeRef::parse_refs(d, key.offset),
+            None => Ok(Vec::new()),
+        }
+    };
+    for (key, _) in before {
+        let (had, has) = (refs(before, key)?, refs(now, key)?);
+        if had.iter().any(|r| !has.contains(r)) {
+            return Ok(false);
+        }
+    }
+    for (key, _) in now {
+        let had = refs(before, key)?;
+        let added: Vec<InodeRef> = refs(now, key)?
+            .into_iter()
+            .filter(|r| !had.contains(r))
+            .collect();
+        if !new_names_only_add(old, key.offset, &added)? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Whether `refs` (all in directory `parent`) are new names in a
+/// directory the committed tree `old` has: no entry of the same name or
+/// index there.
+fn new_names_only_add(old: &Tree<'_>, parent: u64, refs: &[InodeRef]) -> Result<bool> {
     let dir = old
         .get(&Key::new(parent, INODE_ITEM_KEY, 0))?
         .map(|it| InodeItem::parse(it.data()))
@@ -302,7 +351,7 @@ fn new_names_only_add(old: &Tree<'_>, parent: u64, data: &[u8]) -> Result<bool> 
     if dir.is_none_or(|d| d.mode & libc::S_IFMT != libc::S_IFDIR) {
         return Ok(false);
     }
-    for r in InodeRef::parse_refs(data, parent)? {
+    for r in refs {
         if old
             .get(&Key::new(parent, DIR_INDEX_KEY, r.index))?
             .is_some()

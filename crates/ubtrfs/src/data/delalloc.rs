@@ -155,24 +155,18 @@ impl Delalloc {
                 (Some(a), Some(b)) => a.len() + b.len() <= max,
                 _ => false,
             };
-            if fits && let Some(mut next) = file.remove(&end) {
+            if fits && let Some(next) = file.remove(&end) {
                 if let Some(run) = file.get_mut(&start) {
                     run.extend_from_slice(&next);
                 }
-                if next.capacity() >= MAX_EXTENT as usize / 2 && spare.len() < SPARES {
-                    next.clear();
-                    spare.push(next);
-                }
+                keep_spare(spare, next);
             }
         }
     }
 
     /// Keep `buf`, the buffer of a run that was written, for a new run.
-    pub fn recycle(&mut self, mut buf: Vec<u8>) {
-        if buf.capacity() >= MAX_EXTENT as usize / 2 && self.spare.len() < SPARES {
-            buf.clear();
-            self.spare.push(buf);
-        }
+    pub fn recycle(&mut self, buf: Vec<u8>) {
+        keep_spare(&mut self.spare, buf);
     }
 
     /// Give the spare buffers' memory back.
@@ -267,6 +261,14 @@ impl Delalloc {
     /// Forget all dirty data of `id`.
     pub fn discard(&mut self, id: InodeId) {
         self.discard_from(id, 0);
+    }
+}
+
+/// Keep `buf` among the spare buffers if it is a long run's and there is room.
+fn keep_spare(spare: &mut Vec<Vec<u8>>, mut buf: Vec<u8>) {
+    if buf.capacity() >= MAX_EXTENT as usize / 2 && spare.len() < SPARES {
+        buf.clear();
+        spare.push(buf);
     }
 }
 

@@ -16,6 +16,7 @@ use crate::fs::InodeId;
 use crate::volume::Volume;
 use crate::{Error, Result};
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
@@ -82,6 +83,9 @@ pub(crate) struct Finished {
 #[derive(Default)]
 pub(crate) struct InFlight {
     shared: Arc<Shared>,
+    /// Whether any extent is in flight: every data read asks, and most
+    /// find none without taking the lock.
+    any: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Where and how extents are written, from the first submission.
     io: std::sync::OnceLock<(Arc<Volume>, CsumSpec)>,
@@ -129,6 +133,7 @@ impl InFlight {
         );
         s.queue.push_back(logical);
         s.unwritten += len as u64;
+        self.any.store(true, Ordering::Release);
         drop(s);
         self.shared.changed.notify_all();
         Ok(())
@@ -151,6 +156,9 @@ impl InFlight {
     /// Fill `buf` with the data at `logical` if one extent in flight holds
     /// all of it; returns whether it did.
     pub fn read(&self, logical: u64, buf: &mut [u8]) -> bool {
+        if !self.any.load(Ordering::Acquire) {
+            return false;
+        }
         let s = self.shared.lock();
         let Some((&start, e)) = s.extents.range(..=logical).next_back() else {
             return false;
@@ -211,6 +219,7 @@ impl InFlight {
                 None => {}
             }
         }
+        self.any.store(!s.extents.is_empty(), Ordering::Release);
         match failed {
             Some(e) => Err(e),
             None => Ok(done),

@@ -334,7 +334,6 @@ impl Filesystem {
     /// Write an ordered extent's data, compute its checksums, and complete
     /// it into the running transaction. Returns the bytes it adds to the file.
     pub(crate) fn complete_ordered(&self, w: &mut Writer, mut oe: OrderedExtent) -> Result<u64> {
-        let geo = self.geometry();
         let nodatasum = self.inode_item(oe.id)?.flags & INODE_NODATASUM != 0;
         let len = oe.data.len() as u64;
         if nodatasum {
@@ -342,11 +341,7 @@ impl Filesystem {
                 .volume()
                 .write(oe.disk_bytenr, &oe.data)?;
         } else {
-            let spec = CsumSpec {
-                csum_type: self.superblock().csum_type,
-                sectorsize: geo.sectorsize as usize,
-                csum_size: geo.csum_size,
-            };
+            let spec = self.csum_spec();
             // Shared with the pool while it hashes; nothing reads it after.
             let data = Arc::new(std::mem::take(&mut oe.data));
             oe.sums = Some(self.write_with_sums(w, oe.disk_bytenr, &data, spec)?);
@@ -408,6 +403,15 @@ impl Filesystem {
         Ok(oe.ram_len)
     }
 
+    /// How this filesystem's data checksums are computed.
+    fn csum_spec(&self) -> CsumSpec {
+        CsumSpec {
+            csum_type: self.superblock().csum_type,
+            sectorsize: self.geo.sectorsize as usize,
+            csum_size: self.geo.csum_size,
+        }
+    }
+
     /// Complete `data[part]`, bound for `disk_bytenr` at
     /// `file_offset` of `id`, into the running transaction now and leave
     /// its write and checksums to the writeback thread
@@ -422,19 +426,13 @@ impl Filesystem {
         part: std::ops::Range<usize>,
     ) -> Result<u64> {
         let len = part.len();
-        let geo = self.geometry();
         let nodatasum = self.inode_item(id)?.flags & INODE_NODATASUM != 0;
         let mut oe = OrderedExtent::new(id, file_offset, disk_bytenr, Vec::new());
         oe.ram_len = len as u64;
         let added = self.insert_ordered_items(w, &oe, len as u64)?;
-        let spec = CsumSpec {
-            csum_type: self.superblock().csum_type,
-            sectorsize: geo.sectorsize as usize,
-            csum_size: geo.csum_size,
-        };
         self.in_flight.submit(
             self.tree_reader().volume(),
-            spec,
+            self.csum_spec(),
             disk_bytenr,
             id,
             Arc::clone(data),

@@ -268,30 +268,18 @@ fn inode_head(cur: &Tree<'_>, old: &Tree<'_>, ino: u64) -> Result<Option<(ItemMa
             .collect()
     };
     let mut head = ItemMap::new();
-    if o.inode.is_some() {
-        let (now, before) = (names(&c), names(&o));
-        if now != before {
-            // Names only added (hard links into directories the commit
-            // had): logged with all its names, the replay adds the new ones
-            // and keeps the old (it drops names a logged ref lacks).
-            if !names_only_added(old, &before, &now)? {
-                return Ok(None);
-            }
-            head.extend(now);
-        }
-    } else {
-        // A new file: the replay links it under the names it logs.
-        for (key, data) in names(&c) {
-            if key.item_type != INODE_REF_KEY
-                || !new_names_only_add(old, key.offset, &InodeRef::parse_refs(&data, key.offset)?)?
-            {
-                return Ok(None);
-            }
-            head.insert(key, data);
-        }
-        if head.is_empty() {
+    let (now, before) = (names(&c), names(&o));
+    if o.inode.is_none() && now.is_empty() {
+        return Ok(None);
+    }
+    if now != before {
+        // Names only added (a new file's, or hard links into directories
+        // the commit had): logged with all its names, the replay adds the
+        // new ones and keeps the old (it drops names a logged ref lacks).
+        if !names_only_added(old, &before, &now)? {
             return Ok(None);
         }
+        head.extend(now);
     }
     head.insert(inode.key(), inode.data().to_vec());
     for x in &c.xattrs {
@@ -300,9 +288,9 @@ fn inode_head(cur: &Tree<'_>, old: &Tree<'_>, ino: u64) -> Result<Option<(ItemMa
     Ok(Some((head, item)))
 }
 
-/// Whether the names of a file the commit had, `before` as committed and
-/// `now` (INODE_REF items), only add names, each new in a directory the
-/// committed tree `old` has.
+/// Whether the names of a file, `before` as committed (none for a new
+/// file) and `now` (INODE_REF items), only add names, each new in a
+/// directory the committed tree `old` has.
 fn names_only_added(
     old: &Tree<'_>,
     before: &[(Key, Vec<u8>)],

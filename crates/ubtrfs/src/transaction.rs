@@ -381,6 +381,9 @@ pub struct Writer {
     pub(crate) log: Option<crate::tree_log::LogTree>,
     /// Check each incremental log against one made from scratch (tests).
     pub(crate) log_self_check: bool,
+    /// Directory entries removed so far (renames, unlinks): the log holds
+    /// names as of one moment only while this has not moved.
+    pub(crate) names_removed: u64,
 }
 
 impl Writer {
@@ -556,6 +559,7 @@ impl Filesystem {
             csum_stats: Default::default(),
             log: None,
             log_self_check: false,
+            names_removed: 0,
         }));
         Ok(fs)
     }

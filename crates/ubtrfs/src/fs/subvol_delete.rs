@@ -147,6 +147,7 @@ impl Filesystem {
                 Error::corrupt(format!("subvolume {id} has no root ref for its link"))
             })?;
         let hash_key = Key::new(dir.ino, DIR_ITEM_KEY, name_hash(name));
+        w.names_removed += 1;
         self.modify_tree(w, dir.subvol, |ed, root| {
             ed.edit_leaf(root, &hash_key, |leaf| {
                 super::namespace::remove_dir_item_name(leaf, &hash_key, name)

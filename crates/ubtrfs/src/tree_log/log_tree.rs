@@ -56,6 +56,13 @@ pub(crate) struct LogTree {
     /// What each logged inode looked like when it was last logged.
     inodes: HashMap<InodeId, LoggedInode>,
     sectorsize: u64,
+    /// Directories whose entries the log holds.
+    pub(crate) dirs: BTreeSet<InodeId>,
+    /// Inodes whose names (INODE_REF items) the log holds.
+    pub(crate) named: BTreeSet<InodeId>,
+    /// The writer's count of removed names when the log's names were
+    /// last brought up to date.
+    pub(crate) names_epoch: u64,
 }
 
 /// An inode as it was when last logged: the fs tree leaves holding its
@@ -152,6 +159,9 @@ impl LogTree {
             synced_root: None,
             inodes: HashMap::new(),
             sectorsize: sb.sectorsize as u64,
+            dirs: BTreeSet::new(),
+            named: BTreeSet::new(),
+            names_epoch: 0,
         }
     }
 
@@ -313,6 +323,42 @@ impl LogTree {
     /// The items (checksums aside) the log of `subvol` holds.
     pub(crate) fn items(&self, subvol: u64) -> Option<&ItemMap> {
         self.subvols.get(&subvol).map(|l| &l.items)
+    }
+
+    /// Drop everything the log holds of inode `id`.
+    pub(crate) fn forget(
+        &mut self,
+        alloc: &mut Allocator,
+        id: InodeId,
+        lookup: &mut dyn FnMut(u64, usize) -> Result<Vec<Option<Vec<u8>>>>,
+    ) -> Result<()> {
+        let held = self.items(id.subvol).is_some_and(|m| {
+            m.range(Key::new(id.ino, 0, 0)..=Key::new(id.ino, u8::MAX, u64::MAX))
+                .next()
+                .is_some()
+        });
+        if held {
+            self.set_extents(
+                alloc,
+                id.subvol,
+                id.ino,
+                0,
+                u64::MAX,
+                ItemMap::new(),
+                lookup,
+            )?;
+            self.set_range(
+                alloc,
+                id.subvol,
+                Key::new(id.ino, 0, 0),
+                Key::new(id.ino, u8::MAX, u64::MAX),
+                ItemMap::new(),
+            )?;
+        }
+        self.inodes.remove(&id);
+        self.named.remove(&id);
+        self.dirs.remove(&id);
+        Ok(())
     }
 
     /// Inode `id` as it was when last logged.

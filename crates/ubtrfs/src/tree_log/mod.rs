@@ -16,6 +16,7 @@
 //!   can and commits otherwise;
 //! - `log_tree`: the log being written, its blocks and the log sync.
 
+mod dir_log;
 mod extents;
 mod fixup;
 mod log_tree;

@@ -1,34 +1,40 @@
 //! fsync: make one inode's changes durable, through the log tree when it
 //! can (DESIGN.md layer 9, seed 000), else by committing.
 //!
-//! The log path, for a regular file that the last commit already had
-//! under the same names, or that is new since and only added names to
-//! directories the commit had: write its dirty data back; log the inode
-//! item, all its xattrs, the file extent items that differ from the
-//! committed file (all of a new one, with its names), a hole item where
-//! committed data went, and the checksums of the logged extents; then
-//! write the log's blocks, flush once, and write the superblock with
-//! `log_root` by FUA. A replay, the kernel's or ours, then rebuilds the
-//! file from the committed tree and the log.
+//! For a regular file: write its dirty data back; log the inode item, its
+//! names, all its xattrs, the file extent items that differ from the
+//! committed file (all of a new one), a hole item where committed data
+//! went, and the checksums of the logged extents. For a directory: its
+//! entries that changed since the last commit. Then, for both, whatever
+//! names that needs (`dir_log`: the directories a rename or unlink
+//! changed, the inodes a directory's new entries name); then write the
+//! log's blocks, flush once, and write the superblock with `log_root` by
+//! FUA. A replay, the kernel's or ours, then rebuilds the inode from the
+//! committed tree and the log.
 //!
 //! Everything else commits the running transaction, the kernel's own
-//! fallback when it cannot log: renamed or linked inodes and new ones
-//! that took a name over (their directories would have to be logged
-//! too), directories, files with extents past their end, and any failure
-//! while logging (the commit then drops the half-changed log). A commit
-//! always makes at least as much durable as the log would.
+//! fallback when it cannot log: symlinks and special files, files with
+//! extents past their end, unlinked open files, names that reach new
+//! subvolume links or directories removed since, more than
+//! `dir_log::MAX_LOGGED` inodes to log, and any failure while logging
+//! (the commit then drops the half-changed log). A commit always makes at
+//! least as much durable as the log would.
 
+use super::dir_log;
 use super::log_tree::{ItemMap, LogTree, LoggedInode};
 use crate::format::Key;
 use crate::format::consts::*;
-use crate::format::items::{DirItem, ExtentBody, FileExtentItem, InodeItem, InodeRef, RootItem};
+use crate::format::items::{ExtentBody, FileExtentItem, InodeItem, RootItem};
 use crate::format::node::Node;
 use crate::fs::{Filesystem, InodeId};
 use crate::transaction::Writer;
 use crate::tree::{ItemRef, RootPtr, Tree};
 use crate::{Error, Result};
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
+
+/// Checksums of consecutive sectors, `None` where there is none.
+type Sums = Vec<Option<Vec<u8>>>;
 
 /// How an fsync made its inode durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,9 +53,9 @@ impl Filesystem {
     /// promises. When this returns, a crash followed by any mount (the
     /// kernel's or ubtrfs's) shows the inode at least as it was here.
     ///
-    /// A regular file whose names are those of the last commit is logged
-    /// (one cache flush and one superblock write); anything else commits
-    /// the running transaction. `datasync` makes no difference yet. Fails
+    /// A regular file or a directory is logged (one cache flush and one
+    /// superblock write), with the names a replay needs to show it where
+    /// it is; anything else commits the running transaction. `datasync` makes no difference yet. Fails
     /// if `id` does not exist.
     pub fn fsync(&self, id: InodeId, datasync: bool) -> Result<Synced> {
         let _ = datasync;
@@ -117,21 +123,146 @@ impl Filesystem {
         }))
     }
 
-    /// Log inode `id` (its dirty data already written back) and sync the
-    /// log. False if the inode cannot be logged: the caller commits.
-    ///
-    /// A file logged before in this transaction is logged again only
-    /// where it changed since: the fs tree leaves holding its extents that
-    /// are new blocks since then (and its old ones that went) say which
-    /// file ranges to look at again, so the cost follows the change, not
-    /// the size of the file.
+    /// Log inode `id` (its dirty data already written back) with the
+    /// names that must come with it, and sync the log. False if the inode
+    /// cannot be logged: the caller commits.
     fn log_inode(&self, w: &mut Writer, id: InodeId) -> Result<bool> {
         let Some(old_root) = self.committed_root(w, id.subvol)? else {
             return Ok(false);
         };
         let cur = self.fs_tree(id.subvol)?;
         let old = self.tree_reader().tree(old_root);
-        let Some((head, item)) = inode_head(&cur, &old, id.ino)? else {
+        let Some(item) = cur
+            .get(&Key::new(id.ino, INODE_ITEM_KEY, 0))?
+            .map(|it| InodeItem::parse(it.data()))
+            .transpose()?
+        else {
+            return Ok(false);
+        };
+        if w.log.is_none() {
+            let mut log = LogTree::new(
+                self.tree_reader().volume().clone(),
+                self.superblock(),
+                w.blocks.transid,
+                w.chunk_tree_uuid(),
+            );
+            // An empty log holds no stale names.
+            log.names_epoch = w.names_removed;
+            w.log = Some(log);
+        }
+        let is_dir = match item.mode & libc::S_IFMT {
+            libc::S_IFREG => {
+                if !self.log_file_data(w, id, &cur, &old)? {
+                    return Ok(false);
+                }
+                false
+            }
+            libc::S_IFDIR => true,
+            _ => return Ok(false),
+        };
+        if !self.log_names(w, id, is_dir)? {
+            return Ok(false);
+        }
+        let Writer {
+            log,
+            blocks,
+            dev_supers,
+            ..
+        } = &mut *w;
+        let log = log
+            .as_mut()
+            .ok_or_else(|| Error::corrupt("the log vanished"))?;
+        let reader = self.tree_reader();
+        log.sync(
+            &mut blocks.alloc,
+            reader.volume(),
+            dev_supers,
+            reader.csum_type(),
+        )?;
+        Ok(true)
+    }
+
+    /// Log the names inode `id` needs (a directory, `is_dir`: its
+    /// entries) and everything those need; and, if names were removed
+    /// since the log's names were last brought up to date, every name and
+    /// directory the log holds. False if that cannot be logged.
+    fn log_names(&self, w: &mut Writer, id: InodeId, is_dir: bool) -> Result<bool> {
+        let log = w
+            .log
+            .as_ref()
+            .ok_or_else(|| Error::corrupt("the log vanished"))?;
+        // Per subvolume: inodes whose names to log, directories to log.
+        let mut todo: BTreeMap<u64, (Vec<u64>, Vec<u64>)> = BTreeMap::new();
+        let start = todo.entry(id.subvol).or_default();
+        if is_dir {
+            start.1.push(id.ino);
+        } else {
+            start.0.push(id.ino);
+        }
+        if log.names_epoch != w.names_removed {
+            for i in &log.named {
+                todo.entry(i.subvol).or_default().0.push(i.ino);
+            }
+            for d in &log.dirs {
+                todo.entry(d.subvol).or_default().1.push(d.ino);
+            }
+        }
+        let mut plans = Vec::new();
+        for (subvol, (inodes, dirs)) in todo {
+            let Some(old_root) = self.committed_root(w, subvol)? else {
+                return Ok(false);
+            };
+            let cur = self.fs_tree(subvol)?;
+            let old = self.tree_reader().tree(old_root);
+            let Some(plan) = dir_log::plan(&cur, &old, inodes, dirs)? else {
+                return Ok(false);
+            };
+            plans.push((subvol, old_root, plan));
+        }
+        let Writer {
+            log,
+            blocks,
+            names_removed,
+            ..
+        } = &mut *w;
+        let log = log
+            .as_mut()
+            .ok_or_else(|| Error::corrupt("the log vanished"))?;
+        let mut lookup = self.csum_lookup()?;
+        for (subvol, old_root, plan) in &plans {
+            let cur = self.fs_tree(*subvol)?;
+            let old = self.tree_reader().tree(*old_root);
+            for &ino in &plan.gone {
+                let id = InodeId {
+                    subvol: *subvol,
+                    ino,
+                };
+                log.forget(&mut blocks.alloc, id, &mut lookup)?;
+            }
+            dir_log::write(log, &mut blocks.alloc, *subvol, &cur, &old, plan)?;
+        }
+        log.names_epoch = *names_removed;
+        Ok(true)
+    }
+
+    /// Log regular file `id`'s inode item, xattrs, names, and its file
+    /// extent items and checksums (its dirty data already written back).
+    /// False if the file cannot be logged: the caller commits.
+    ///
+    /// A file logged before in this transaction is logged again only
+    /// where it changed since: the fs tree leaves holding its extents that
+    /// are new blocks since then (and its old ones that went) say which
+    /// file ranges to look at again, so the cost follows the change, not
+    /// the size of the file.
+    fn log_file_data(
+        &self,
+        w: &mut Writer,
+        id: InodeId,
+        cur: &Tree<'_>,
+        old: &Tree<'_>,
+    ) -> Result<bool> {
+        let (cur, old) = (*cur, *old);
+        let Some((head, item)) = inode_head(&cur, id.ino)? else {
             return Ok(false);
         };
         let geo = self.geometry();
@@ -142,18 +273,9 @@ impl Filesystem {
             Key::new(id.ino, EXTENT_DATA_KEY, 0),
             Key::new(id.ino, EXTENT_DATA_KEY, u64::MAX),
         )?;
-        if w.log.is_none() {
-            w.log = Some(LogTree::new(
-                self.tree_reader().volume().clone(),
-                self.superblock(),
-                transid,
-                w.chunk_tree_uuid(),
-            ));
-        }
         let Writer {
             log,
             blocks,
-            dev_supers,
             log_self_check,
             ..
         } = &mut *w;
@@ -164,17 +286,7 @@ impl Filesystem {
             None => vec![(0, u64::MAX)],
             Some(prev) => changed_ranges(prev, &leaves, id.ino, item.size, ss)?,
         };
-        let csums = self.csum_tree()?;
-        let mut lookup = |start: u64, count: usize| -> Result<Vec<Option<Vec<u8>>>> {
-            let Some(t) = &csums else {
-                return Ok(vec![None; count]);
-            };
-            let sums = crate::csum_tree::lookup(t, start, count, geo.sectorsize, geo.csum_size)?;
-            Ok(sums
-                .into_iter()
-                .map(|c| c.map(|c| c[..geo.csum_size].to_vec()))
-                .collect())
-        };
+        let mut lookup = self.csum_lookup()?;
         for (x, y) in dirty {
             let (a, b) = expand(&cur, log.items(id.subvol), id.ino, x, y, ss)?;
             let Some(want) = extent_want(&cur, &old, id.ino, (a, b), end, transid, ss)? else {
@@ -222,14 +334,27 @@ impl Filesystem {
                 )));
             }
         }
-        let reader = self.tree_reader();
-        log.sync(
-            &mut blocks.alloc,
-            reader.volume(),
-            dev_supers,
-            reader.csum_type(),
-        )?;
         Ok(true)
+    }
+
+    /// Look up the checksums of `count` data sectors from `start` in the
+    /// checksum tree as it is now (`None` where it has none).
+    fn csum_lookup(&self) -> Result<impl FnMut(u64, usize) -> Result<Sums> + use<'_>> {
+        let geo = self.geometry();
+        let csums = self.csum_tree()?;
+        Ok(
+            move |start: u64, count: usize| -> Result<Vec<Option<Vec<u8>>>> {
+                let Some(t) = &csums else {
+                    return Ok(vec![None; count]);
+                };
+                let sums =
+                    crate::csum_tree::lookup(t, start, count, geo.sectorsize, geo.csum_size)?;
+                Ok(sums
+                    .into_iter()
+                    .map(|c| c.map(|c| c[..geo.csum_size].to_vec()))
+                    .collect())
+            },
+        )
     }
 
     /// Check every incremental log against one made from scratch, failing
@@ -241,19 +366,16 @@ impl Filesystem {
     }
 }
 
-/// The inode item and xattrs of inode `ino` for the log (and its names,
-/// for a file new since the last commit), and its inode item; `None` if
-/// it cannot be logged: not a regular file, unlinked, renamed or linked
-/// since the last commit (the replay of a name that replaces or drops
-/// another needs the directories logged), or new with a name that is not
-/// simply added to a directory the last commit had.
-fn inode_head(cur: &Tree<'_>, old: &Tree<'_>, ino: u64) -> Result<Option<(ItemMap, InodeItem)>> {
+/// The inode item, names and xattrs of regular file `ino` for the log,
+/// and its inode item; `None` if it cannot be logged: not a regular
+/// file, or unlinked (an open file without names goes with its last
+/// close; a commit records that).
+fn inode_head(cur: &Tree<'_>, ino: u64) -> Result<Option<(ItemMap, InodeItem)>> {
     let (lo, hi) = (
         Key::new(ino, 0, 0),
         Key::new(ino, EXTENT_DATA_KEY - 1, u64::MAX),
     );
     let c = split(cur.range(lo, hi)?)?;
-    let o = split(old.range(lo, hi)?)?;
     let Some(inode) = &c.inode else {
         return Ok(None);
     };
@@ -261,101 +383,12 @@ fn inode_head(cur: &Tree<'_>, old: &Tree<'_>, ino: u64) -> Result<Option<(ItemMa
     if item.mode & libc::S_IFMT != libc::S_IFREG || item.nlink == 0 {
         return Ok(None);
     }
-    let names = |s: &Split| -> Vec<(Key, Vec<u8>)> {
-        s.names
-            .iter()
-            .map(|it| (it.key(), it.data().to_vec()))
-            .collect()
-    };
     let mut head = ItemMap::new();
-    let (now, before) = (names(&c), names(&o));
-    if o.inode.is_none() && now.is_empty() {
-        return Ok(None);
-    }
-    if now != before {
-        // Names only added (a new file's, or hard links into directories
-        // the commit had): logged with all its names, the replay adds the
-        // new ones and keeps the old (it drops names a logged ref lacks).
-        if !names_only_added(old, &before, &now)? {
-            return Ok(None);
-        }
-        head.extend(now);
+    for it in c.names.iter().chain(&c.xattrs) {
+        head.insert(it.key(), it.data().to_vec());
     }
     head.insert(inode.key(), inode.data().to_vec());
-    for x in &c.xattrs {
-        head.insert(x.key(), x.data().to_vec());
-    }
     Ok(Some((head, item)))
-}
-
-/// Whether the names of a file, `before` as committed (none for a new
-/// file) and `now` (INODE_REF items), only add names, each new in a
-/// directory the committed tree `old` has.
-fn names_only_added(
-    old: &Tree<'_>,
-    before: &[(Key, Vec<u8>)],
-    now: &[(Key, Vec<u8>)],
-) -> Result<bool> {
-    if before
-        .iter()
-        .chain(now)
-        .any(|(k, _)| k.item_type != INODE_REF_KEY)
-    {
-        return Ok(false);
-    }
-    let refs = |items: &[(Key, Vec<u8>)], key: &Key| -> Result<Vec<InodeRef>> {
-        match items.iter().find(|(k, _)| k == key) {
-            Some((_, d)) => InodeRef::parse_refs(d, key.offset),
-            None => Ok(Vec::new()),
-        }
-    };
-    for (key, _) in before {
-        let (had, has) = (refs(before, key)?, refs(now, key)?);
-        if had.iter().any(|r| !has.contains(r)) {
-            return Ok(false);
-        }
-    }
-    for (key, _) in now {
-        let had = refs(before, key)?;
-        let added: Vec<InodeRef> = refs(now, key)?
-            .into_iter()
-            .filter(|r| !had.contains(r))
-            .collect();
-        if !new_names_only_add(old, key.offset, &added)? {
-            return Ok(false);
-        }
-    }
-    Ok(true)
-}
-
-/// Whether `refs` (all in directory `parent`) are new names in a
-/// directory the committed tree `old` has: no entry of the same name or
-/// index there.
-fn new_names_only_add(old: &Tree<'_>, parent: u64, refs: &[InodeRef]) -> Result<bool> {
-    let dir = old
-        .get(&Key::new(parent, INODE_ITEM_KEY, 0))?
-        .map(|it| InodeItem::parse(it.data()))
-        .transpose()?;
-    if dir.is_none_or(|d| d.mode & libc::S_IFMT != libc::S_IFDIR) {
-        return Ok(false);
-    }
-    for r in refs {
-        if old
-            .get(&Key::new(parent, DIR_INDEX_KEY, r.index))?
-            .is_some()
-        {
-            return Ok(false);
-        }
-        let hash = crate::fs::dir::name_hash(&r.name);
-        if let Some(it) = old.get(&Key::new(parent, DIR_ITEM_KEY, hash))?
-            && DirItem::parse_all(it.data())?
-                .iter()
-                .any(|d| d.name == r.name)
-        {
-            return Ok(false);
-        }
-    }
-    Ok(true)
 }
 
 /// The file ranges of inode `ino` that may have changed since `prev` was

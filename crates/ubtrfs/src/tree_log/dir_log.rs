@@ -1,0 +1,378 @@
+//! Logging names (DESIGN.md layer 9): what an fsync after a rename, an
+//! unlink, a link or a create needs, and the fsync of a directory, in the
+//! kernel's layout (docs/log-tree-kernel-cases.md).
+//!
+//! - A directory goes into the log as its inode item, its names, a
+//!   DIR_INDEX item for each entry it gained since the last commit, and
+//!   DIR_LOG_INDEX ranges over the indexes whose entries changed (split
+//!   around unchanged ones): a replay drops the committed entries a range
+//!   covers that the log does not hold.
+//! - An inode whose names changed goes in with all of them (INODE_REF and
+//!   INODE_EXTREF items). One logged only for its names has an inode item
+//!   of generation 0, which a replay takes as "this inode exists" and does
+//!   not apply over an inode it has, so its data stays as committed (or as
+//!   an earlier fsync logged it).
+//!
+//! What must be logged closes over itself: a directory's changed entries
+//! name inodes whose other names may have changed too, whose directories
+//! must then be logged, and so on. [`plan`] walks that closure; past
+//! [`MAX_LOGGED`] inodes it gives up and the fsync commits.
+//!
+//! The log shows names as of one moment: once any name was removed since
+//! the log's names were last brought up to date, every directory and every
+//! inode's names already in the log are logged again with the new ones (a
+//! stale entry could otherwise bring back a name that moved elsewhere).
+//! Names only added leave what the log holds true of an earlier moment.
+
+use super::log_tree::{ItemMap, LogTree};
+use crate::alloc::Allocator;
+use crate::format::Key;
+use crate::format::consts::*;
+use crate::format::items::{DirItem, InodeItem, InodeRef};
+use crate::fs::InodeId;
+use crate::tree::Tree;
+use crate::{Error, Result};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+/// The most inodes (directories included) one fsync logs for names before
+/// it commits instead.
+pub(super) const MAX_LOGGED: usize = 512;
+
+/// What to log of one subvolume's names.
+#[derive(Default)]
+pub(super) struct NamePlan {
+    /// Directories to log, with the DIR_LOG_INDEX and DIR_INDEX items.
+    dirs: BTreeMap<u64, ItemMap>,
+    /// Inodes to log with their names (every directory above too).
+    named: BTreeSet<u64>,
+    /// Inodes gone since the last commit: the log must not hold them, or
+    /// a replay would bring them back.
+    pub gone: BTreeSet<u64>,
+}
+
+/// Something the closure still has to look at.
+enum Todo {
+    /// An inode's names; logged even if unchanged when `true`.
+    Names(u64, bool),
+    /// A directory's entries.
+    Entries(u64),
+}
+
+/// The names of inode `ino` in `tree`, in a fixed order.
+fn names_of(tree: &Tree<'_>, ino: u64) -> Result<Vec<InodeRef>> {
+    let mut out = Vec::new();
+    for it in tree.range(
+        Key::new(ino, INODE_REF_KEY, 0),
+        Key::new(ino, INODE_EXTREF_KEY, u64::MAX),
+    )? {
+        let it = it?;
+        let k = it.key();
+        match k.item_type {
+            INODE_REF_KEY => out.extend(InodeRef::parse_refs(it.data(), k.offset)?),
+            _ => out.extend(InodeRef::parse_extrefs(it.data())?),
+        }
+    }
+    out.sort_by(|a, b| (a.parent, a.index, &a.name).cmp(&(b.parent, b.index, &b.name)));
+    Ok(out)
+}
+
+fn inode_of(tree: &Tree<'_>, ino: u64) -> Result<Option<InodeItem>> {
+    tree.get(&Key::new(ino, INODE_ITEM_KEY, 0))?
+        .map(|it| InodeItem::parse(it.data()))
+        .transpose()
+}
+
+fn is_dir(item: &InodeItem) -> bool {
+    item.mode & libc::S_IFMT == libc::S_IFDIR
+}
+
+/// The entries of directory `dir` by index: (target key, name, raw item).
+type Entries = BTreeMap<u64, (Key, Vec<u8>, Vec<u8>)>;
+
+fn entries_of(tree: &Tree<'_>, dir: u64) -> Result<Entries> {
+    let mut out = Entries::new();
+    for it in tree.items_of(dir, DIR_INDEX_KEY)? {
+        let it = it?;
+        let d = DirItem::parse_all(it.data())?
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::corrupt(format!("empty DIR_INDEX item {}", it.key())))?;
+        out.insert(it.key().offset, (d.location, d.name, it.data().to_vec()));
+    }
+    Ok(out)
+}
+
+/// Whether the name `r` of an inode would be made right by a replay from
+/// the inode's back reference alone: its directory is one the committed
+/// tree `old` has, with no entry of that name or index there.
+fn added_by_ref(old: &Tree<'_>, r: &InodeRef) -> Result<bool> {
+    if !inode_of(old, r.parent)?.is_some_and(|d| is_dir(&d)) {
+        return Ok(false);
+    }
+    if old
+        .get(&Key::new(r.parent, DIR_INDEX_KEY, r.index))?
+        .is_some()
+    {
+        return Ok(false);
+    }
+    let hash = crate::fs::dir::name_hash(&r.name);
+    Ok(match old.get(&Key::new(r.parent, DIR_ITEM_KEY, hash))? {
+        Some(it) => !DirItem::parse_all(it.data())?
+            .iter()
+            .any(|d| d.name == r.name),
+        None => true,
+    })
+}
+
+/// The DIR_LOG_INDEX ranges for a directory whose entries at `changed`
+/// indexes differ from the committed ones and at `same` indexes do not:
+/// each run of changed indexes, up to the next unchanged one (or the end
+/// of all indexes).
+fn ranges(changed: &BTreeSet<u64>, same: &BTreeSet<u64>) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &c in changed {
+        if out.last().is_some_and(|&(_, end)| c <= end) {
+            continue;
+        }
+        let end = same.range(c..).next().map_or(u64::MAX, |&next| next - 1);
+        out.push((c, end));
+    }
+    out
+}
+
+/// Walk the closure of what must be logged so that the names of the
+/// inodes `inodes` (logged even where unchanged) and the entries of the
+/// directories `dirs` (all in one subvolume, `cur` as it is and `old` as
+/// last committed) survive a replay. `None` if something cannot be logged this way: the caller
+/// commits.
+pub(super) fn plan(
+    cur: &Tree<'_>,
+    old: &Tree<'_>,
+    inodes: impl IntoIterator<Item = u64>,
+    dirs: impl IntoIterator<Item = u64>,
+) -> Result<Option<NamePlan>> {
+    let mut todo: VecDeque<Todo> = inodes.into_iter().map(|i| Todo::Names(i, true)).collect();
+    todo.extend(dirs.into_iter().map(Todo::Entries));
+    let mut plan = NamePlan::default();
+    let mut seen = BTreeSet::new();
+    while let Some(t) = todo.pop_front() {
+        if plan.named.len() > MAX_LOGGED {
+            return Ok(None);
+        }
+        match t {
+            Todo::Names(ino, force) => {
+                if !seen.insert(ino) {
+                    continue;
+                }
+                // Gone since: every directory that had it at the commit is
+                // logged, so that the replay drops it.
+                if inode_of(cur, ino)?.is_none() {
+                    plan.gone.insert(ino);
+                    for r in names_of(old, ino)? {
+                        todo.push_back(Todo::Entries(r.parent));
+                    }
+                    continue;
+                }
+                let (now, before) = (names_of(cur, ino)?, names_of(old, ino)?);
+                if now == before && !force && !plan.dirs.contains_key(&ino) {
+                    continue;
+                }
+                plan.named.insert(ino);
+                for r in before.iter().filter(|r| !now.contains(r)) {
+                    todo.push_back(Todo::Entries(r.parent));
+                }
+                for r in now.iter().filter(|r| !before.contains(r)) {
+                    // A subvolume root's ".." names itself.
+                    if r.parent != ino && !added_by_ref(old, r)? {
+                        todo.push_back(Todo::Entries(r.parent));
+                    }
+                }
+            }
+            Todo::Entries(dir) => {
+                if plan.dirs.contains_key(&dir) {
+                    continue;
+                }
+                if !inode_of(cur, dir)?.is_some_and(|d| is_dir(&d)) {
+                    // A directory removed since: its entries went with it.
+                    return Ok(None);
+                }
+                let (now, before) = (entries_of(cur, dir)?, entries_of(old, dir)?);
+                let mut changed = BTreeSet::new();
+                let mut same = BTreeSet::new();
+                let mut items = ItemMap::new();
+                for (&i, (loc, name, raw)) in &now {
+                    if before
+                        .get(&i)
+                        .is_some_and(|(l, n, _)| l == loc && n == name)
+                    {
+                        same.insert(i);
+                        continue;
+                    }
+                    if loc.item_type != INODE_ITEM_KEY {
+                        // Links to subvolumes are made by commits only.
+                        return Ok(None);
+                    }
+                    changed.insert(i);
+                    items.insert(Key::new(dir, DIR_INDEX_KEY, i), raw.clone());
+                    todo.push_back(Todo::Names(loc.objectid, false));
+                }
+                for (&i, (loc, _, _)) in &before {
+                    if same.contains(&i) {
+                        continue;
+                    }
+                    if loc.item_type != INODE_ITEM_KEY {
+                        return Ok(None);
+                    }
+                    changed.insert(i);
+                    todo.push_back(Todo::Names(loc.objectid, false));
+                }
+                for (a, b) in ranges(&changed, &same) {
+                    items.insert(
+                        Key::new(dir, DIR_LOG_INDEX_KEY, a),
+                        b.to_le_bytes().to_vec(),
+                    );
+                }
+                plan.dirs.insert(dir, items);
+                // A logged directory carries its own names, as the
+                // kernel's do.
+                seen.remove(&dir);
+                todo.push_back(Todo::Names(dir, true));
+            }
+        }
+    }
+    Ok(Some(plan))
+}
+
+/// Write `plan` for subvolume `subvol` into `log`. Inodes whose data the
+/// log already holds (an fsync logged them in this transaction) keep their
+/// logged inode item, with the link count of their names now.
+pub(super) fn write(
+    log: &mut LogTree,
+    alloc: &mut Allocator,
+    subvol: u64,
+    cur: &Tree<'_>,
+    old: &Tree<'_>,
+    plan: &NamePlan,
+) -> Result<()> {
+    for &ino in &plan.named {
+        let Some(item) = inode_of(cur, ino)? else {
+            continue;
+        };
+        let names = names_of(cur, ino)?;
+        let mut refs = ItemMap::new();
+        for it in cur.range(
+            Key::new(ino, INODE_REF_KEY, 0),
+            Key::new(ino, INODE_EXTREF_KEY, u64::MAX),
+        )? {
+            let it = it?;
+            refs.insert(it.key(), it.data().to_vec());
+        }
+        log.set_range(
+            alloc,
+            subvol,
+            Key::new(ino, INODE_REF_KEY, 0),
+            Key::new(ino, INODE_EXTREF_KEY, u64::MAX),
+            refs,
+        )?;
+        let item_key = Key::new(ino, INODE_ITEM_KEY, 0);
+        let logged = log
+            .items(subvol)
+            .and_then(|m| m.get(&item_key))
+            .map(|d| InodeItem::parse(d))
+            .transpose()?
+            .filter(|i| i.generation != 0);
+        let dir_logged = plan.dirs.contains_key(&ino);
+        let committed = inode_of(old, ino)?;
+        let (head, xattrs_from) = if dir_logged {
+            // A directory logged with its entries: as it is now; a new one
+            // with size 0, which the replay's added entries grow.
+            let mut i = item.clone();
+            if committed.is_none() {
+                i.size = 0;
+            }
+            (Some(i), Some(cur))
+        } else if let Some(mut i) = logged {
+            i.nlink = names.len() as u32;
+            (Some(i), None)
+        } else {
+            match committed {
+                // Only "it exists": the replay keeps the inode it has.
+                Some(mut i) => {
+                    i.generation = 0;
+                    i.size = 0;
+                    i.nlink = names.len() as u32;
+                    (Some(i), Some(old))
+                }
+                None => {
+                    let mut i = item.clone();
+                    match i.mode & libc::S_IFMT {
+                        // A new file's data is not logged (the kernel's
+                        // way): it comes back empty.
+                        libc::S_IFREG => {
+                            i.generation = 0;
+                            i.size = 0;
+                        }
+                        libc::S_IFDIR => i.size = 0,
+                        _ => {}
+                    }
+                    (Some(i), Some(cur))
+                }
+            }
+        };
+        if let Some(mut i) = head {
+            i.nbytes = 0;
+            log.set_range(
+                alloc,
+                subvol,
+                item_key,
+                item_key,
+                [(item_key, i.to_bytes())].into(),
+            )?;
+        }
+        if let Some(t) = xattrs_from {
+            let mut x = ItemMap::new();
+            for it in t.items_of(ino, XATTR_ITEM_KEY)? {
+                let it = it?;
+                x.insert(it.key(), it.data().to_vec());
+            }
+            log.set_range(
+                alloc,
+                subvol,
+                Key::new(ino, XATTR_ITEM_KEY, 0),
+                Key::new(ino, XATTR_ITEM_KEY, u64::MAX),
+                x,
+            )?;
+        }
+        // A new symlink needs its target, an inline extent.
+        if inode_of(old, ino)?.is_none() && item.mode & libc::S_IFMT == libc::S_IFLNK {
+            let mut x = ItemMap::new();
+            for it in cur.items_of(ino, EXTENT_DATA_KEY)? {
+                let it = it?;
+                x.insert(it.key(), it.data().to_vec());
+            }
+            log.set_range(
+                alloc,
+                subvol,
+                Key::new(ino, EXTENT_DATA_KEY, 0),
+                Key::new(ino, EXTENT_DATA_KEY, u64::MAX),
+                x,
+            )?;
+        }
+    }
+    for (&dir, items) in &plan.dirs {
+        log.set_range(
+            alloc,
+            subvol,
+            Key::new(dir, DIR_LOG_ITEM_KEY, 0),
+            Key::new(dir, DIR_INDEX_KEY, u64::MAX),
+            items.clone(),
+        )?;
+    }
+    for &ino in &plan.named {
+        log.named.insert(InodeId { subvol, ino });
+    }
+    for &dir in plan.dirs.keys() {
+        log.dirs.insert(InodeId { subvol, ino: dir });
+    }
+    Ok(())
+}

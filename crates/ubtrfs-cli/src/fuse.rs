@@ -638,16 +638,10 @@ impl fuser::Filesystem for FuseFs {
         reply.ok();
     }
 
-    fn fsyncdir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _ds: bool,
-        reply: ReplyEmpty,
-    ) {
-        // As fsync: the whole transaction.
-        match self.served.commit("fsyncdir") {
+    fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, ds: bool, reply: ReplyEmpty) {
+        // The directory's entries go into the log tree, with the names
+        // they need, as a file's fsync does.
+        match self.served.fsync(self.inode_of(ino), ino, ds) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }

@@ -6,12 +6,15 @@
 //! - `btrfs check --readonly` finds no error;
 //! - the library (`Filesystem::open`) and a read-only kernel loop mount
 //!   both open the image and show the same tree;
-//! - everything the last successful fsync made durable is there, exactly:
-//!   every path untouched since then has its content (or absence) of that
-//!   moment; a path changed after it holds one of the states the workload
-//!   gave it since (for a file caught mid-write, each byte is one that
-//!   some of those states had at that offset, or zero); nothing else
-//!   appears.
+//! - everything the successful fsyncs made durable is there: a file
+//!   fsync'd and untouched since has its content of that moment; a name a
+//!   fsync'd directory had (or had not) then is there (or not); any path
+//!   holds one of the states the workload gave it since it was last made
+//!   durable (for a file caught mid-write, each byte is one that some of
+//!   those states had at that offset, or zero; a file new since then and
+//!   made durable only by its directory's fsync may be empty, its data
+//!   never fsync'd); nothing else appears. An fsync is logged, not
+//!   committed, so the other paths go on accumulating states.
 //!
 //! The next round starts from what the kernel showed. `UBTRFS_KILL_SEED`
 //! replays a run (the seed is printed); `UBTRFS_KILL_ROUNDS` sets the
@@ -120,6 +123,37 @@ impl Model {
             .iter()
             .map(|(p, n)| (p.clone(), vec![Some(n.clone())]))
             .collect();
+    }
+
+    /// An fsync of file `path` returned: it is durable as it is (its
+    /// content, under this name).
+    fn file_synced(&mut self, path: &str) {
+        let cur = self.tree.get(path).cloned();
+        self.since.insert(path.to_string(), vec![cur]);
+    }
+
+    /// An fsync of directory `dir` returned: its entries are durable. A
+    /// name it no longer has stays gone; a file it has stays, but one
+    /// that may be new since the last commit (absent at some point since
+    /// its last fsync) may come back empty, its data not fsync'd (the
+    /// kernel's log does the same).
+    fn dir_synced(&mut self, dir: &str) {
+        for (p, states) in self.since.iter_mut() {
+            if p.is_empty() || parent_of(p) != dir {
+                continue;
+            }
+            match self.tree.get(p) {
+                None => *states = vec![None],
+                Some(Node::File(_)) if states.contains(&None) => {
+                    let empty = Some(Node::File(Vec::new()));
+                    if !states.contains(&empty) {
+                        states.push(empty);
+                    }
+                    states.retain(Option::is_some);
+                }
+                Some(_) => states.retain(Option::is_some),
+            }
+        }
     }
 
     /// `path` may be found in `state` (recorded before the change is made:
@@ -426,13 +460,13 @@ fn step(mnt: &Path, m: &mut Model, rng: &mut Rng) -> Result<(), String> {
             if m.tree.contains_key(&touched) {
                 let f = io(&format!("open {touched}"), File::open(abs(&touched)))?;
                 io(&format!("fsync {touched}"), f.sync_all())?;
+                m.file_synced(&touched);
             }
             parent_of(&touched).to_string()
         };
         let f = io(&format!("open dir {dir:?}"), File::open(abs(&dir)))?;
         io(&format!("fsync dir {dir:?}"), f.sync_all())?;
-        // fsync commits the whole transaction: all of it is durable.
-        m.durable();
+        m.dir_synced(&dir);
         m.fsyncs += 1;
     }
     Ok(())

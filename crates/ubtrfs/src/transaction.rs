@@ -381,9 +381,11 @@ pub struct Writer {
     pub(crate) log: Option<crate::tree_log::LogTree>,
     /// Check each incremental log against one made from scratch (tests).
     pub(crate) log_self_check: bool,
-    /// Directory entries removed so far (renames, unlinks): the log holds
-    /// names as of one moment only while this has not moved.
-    pub(crate) names_removed: u64,
+    /// Names removed (renames, unlinks) since the log's names were last
+    /// brought up to date: (subvolume, directory, inode it named). The
+    /// log holds names as of one moment only if the directories and
+    /// inodes among these that it holds are logged again.
+    pub(crate) removed_names: Vec<(u64, u64, u64)>,
 }
 
 impl Writer {
@@ -559,7 +561,7 @@ impl Filesystem {
             csum_stats: Default::default(),
             log: None,
             log_self_check: false,
-            names_removed: 0,
+            removed_names: Vec::new(),
         }));
         Ok(fs)
     }
@@ -727,6 +729,7 @@ impl Filesystem {
         }
         // The log's blocks are free in what this commit writes (the
         // kernel's are too) and reusable once it is on disk.
+        w.removed_names.clear();
         if let Some(log) = w.log.take() {
             log.discard(&mut w.blocks.alloc)?;
         }

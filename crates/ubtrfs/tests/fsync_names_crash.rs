@@ -16,6 +16,7 @@
 //! that is what makes them cheap.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -44,7 +45,9 @@ fn rng(seed: &mut u64) -> u64 {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct View {
     dirs: BTreeMap<u64, BTreeMap<Vec<u8>, u64>>,
+    /// Files' data and symlinks' targets.
     content: BTreeMap<u64, Vec<u8>>,
+    symlinks: BTreeSet<u64>,
 }
 
 impl View {
@@ -72,7 +75,10 @@ fn lib_view(fs: &Filesystem) -> View {
             es.insert(e.name.clone(), e.id.ino);
             match e.kind {
                 FileKind::Dir => todo.push(e.id),
-                _ => {
+                k => {
+                    if k == FileKind::Symlink {
+                        v.symlinks.insert(e.id.ino);
+                    }
                     v.content
                         .entry(e.id.ino)
                         .or_insert_with(|| fs.read_all(e.id).unwrap());
@@ -94,10 +100,15 @@ fn kernel_view(root: &Path) -> View {
         for e in std::fs::read_dir(&dir).unwrap() {
             let e = e.unwrap();
             let md = e.metadata().unwrap();
-            use std::os::unix::ffi::OsStrExt;
             es.insert(e.file_name().as_bytes().to_vec(), md.ino());
             if md.is_dir() {
                 todo.push(e.path());
+            } else if md.is_symlink() {
+                v.symlinks.insert(md.ino());
+                let to = std::fs::read_link(e.path()).unwrap();
+                v.content
+                    .entry(md.ino())
+                    .or_insert_with(|| to.as_os_str().as_bytes().to_vec());
             } else {
                 v.content
                     .entry(md.ino())
@@ -258,7 +269,12 @@ fn names_survive(name: &str, mkfs_args: &[&str], mut seed: u64) {
     for step in 0..90 {
         let v = history.last().unwrap().clone();
         let dirs: Vec<u64> = v.dirs.keys().copied().collect();
-        let files: Vec<u64> = v.content.keys().copied().collect();
+        let files: Vec<u64> = v
+            .content
+            .keys()
+            .filter(|f| !v.symlinks.contains(f))
+            .copied()
+            .collect();
         let id = |ino: u64| InodeId {
             subvol: fs.root().subvol,
             ino,
@@ -342,6 +358,13 @@ fn names_survive(name: &str, mkfs_args: &[&str], mut seed: u64) {
                     fsync = Some(f);
                 }
             }
+            13 => {
+                // A symlink: logged with its target as a directory's new
+                // entry.
+                let d = pick(&mut seed, &dirs);
+                let to = format!("target-{}", rng(&mut seed) % 1000);
+                fs.symlink(id(d), &new_name, to.as_bytes(), 0, 0).unwrap();
+            }
             8 if dirs.len() < 8 => {
                 let d = pick(&mut seed, &dirs);
                 fs.mkdir(id(d), &new_name, 0o755, 0, 0).unwrap();
@@ -403,7 +426,8 @@ fn names_survive(name: &str, mkfs_args: &[&str], mut seed: u64) {
             diff(history.last().unwrap(), &now)
         );
         history.push(now.clone());
-        let Some(target) = fsync else {
+        // An fsync of a symlink commits (as the kernel's does).
+        let Some(target) = fsync.filter(|t| !now.symlinks.contains(t)) else {
             continue;
         };
         let is_dir = now.dirs.contains_key(&target);

@@ -239,7 +239,9 @@ impl Filesystem {
             return Err(Error::Unsupported("removing a subvolume link".into()));
         }
         let target = entry.id;
-        w.names_removed += 1;
+        if w.log.is_some() {
+            w.removed_names.push((dir.subvol, dir.ino, target.ino));
+        }
         // Where the inode keeps this name: its INODE_REF for `dir`, or an
         // INODE_EXTREF keyed by the hash of `dir` and the name.
         let ref_key = Key::new(target.ino, INODE_REF_KEY, dir.ino);

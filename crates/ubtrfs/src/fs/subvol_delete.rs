@@ -147,7 +147,10 @@ impl Filesystem {
                 Error::corrupt(format!("subvolume {id} has no root ref for its link"))
             })?;
         let hash_key = Key::new(dir.ino, DIR_ITEM_KEY, name_hash(name));
-        w.names_removed += 1;
+        if w.log.is_some() {
+            // Inode 0 is none: only the directory lost a name.
+            w.removed_names.push((dir.subvol, dir.ino, 0));
+        }
         self.modify_tree(w, dir.subvol, |ed, root| {
             ed.edit_leaf(root, &hash_key, |leaf| {
                 super::namespace::remove_dir_item_name(leaf, &hash_key, name)

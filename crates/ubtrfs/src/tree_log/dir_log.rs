@@ -13,16 +13,24 @@
 //!   not apply over an inode it has, so its data stays as committed (or as
 //!   an earlier fsync logged it).
 //!
+//! A directory the last commit had and that moved since is not logged:
+//! its subtree would show at the new place as committed, which it never
+//! was there. Such an fsync commits, as the kernel's does.
+//!
 //! What must be logged closes over itself: a directory's changed entries
 //! name inodes whose other names may have changed too, whose directories
 //! must then be logged, and so on. [`plan`] walks that closure; past
 //! [`MAX_LOGGED`] inodes it gives up and the fsync commits.
 //!
-//! The log shows names as of one moment: once any name was removed since
-//! the log's names were last brought up to date, every directory and every
-//! inode's names already in the log are logged again with the new ones (a
-//! stale entry could otherwise bring back a name that moved elsewhere).
-//! Names only added leave what the log holds true of an earlier moment.
+//! The log shows names as of one moment: a directory or an inode whose
+//! names the log holds and that lost a name since (a rename, an unlink)
+//! is logged again at the next fsync, whatever that fsync is for (a stale
+//! entry could otherwise bring back a name that moved elsewhere). Names
+//! only added leave what the log holds true of an earlier moment.
+//!
+//! A directory's changes are found by comparing its DIR_INDEX items now
+//! and at the last commit, skipping the leaves both trees share: the cost
+//! follows what changed, not the size of the directory.
 
 use super::log_tree::{ItemMap, LogTree};
 use crate::alloc::Allocator;
@@ -86,20 +94,56 @@ fn is_dir(item: &InodeItem) -> bool {
     item.mode & libc::S_IFMT == libc::S_IFDIR
 }
 
-/// The entries of directory `dir` by index: (target key, name, raw item).
+/// Entries of a directory by index: (target key, name, raw item).
 type Entries = BTreeMap<u64, (Key, Vec<u8>, Vec<u8>)>;
 
-fn entries_of(tree: &Tree<'_>, dir: u64) -> Result<Entries> {
-    let mut out = Entries::new();
-    for it in tree.items_of(dir, DIR_INDEX_KEY)? {
-        let it = it?;
-        let d = DirItem::parse_all(it.data())?
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::corrupt(format!("empty DIR_INDEX item {}", it.key())))?;
-        out.insert(it.key().offset, (d.location, d.name, it.data().to_vec()));
-    }
-    Ok(out)
+/// The entries of directory `dir` now (`cur`) and at the last commit
+/// (`old`) in the DIR_INDEX leaves the two trees do not share, and the
+/// first index of each leaf they share (whose entries are all unchanged).
+fn dir_changes(
+    cur: &Tree<'_>,
+    old: &Tree<'_>,
+    dir: u64,
+) -> Result<(Entries, Entries, BTreeSet<u64>)> {
+    let (lo, hi) = (
+        Key::new(dir, DIR_INDEX_KEY, 0),
+        Key::new(dir, DIR_INDEX_KEY, u64::MAX),
+    );
+    let (now, before) = (cur.leaves(lo, hi)?, old.leaves(lo, hi)?);
+    let blocks = |v: &[std::sync::Arc<crate::format::node::Node>]| -> BTreeSet<u64> {
+        v.iter().map(|l| l.header.bytenr).collect()
+    };
+    let shared: BTreeSet<u64> = blocks(&now)
+        .intersection(&blocks(&before))
+        .copied()
+        .collect();
+    let mut same = BTreeSet::new();
+    let mut read = |leaves: &[std::sync::Arc<crate::format::node::Node>]| -> Result<Entries> {
+        let mut out = Entries::new();
+        for leaf in leaves {
+            let shared = shared.contains(&leaf.header.bytenr);
+            for slot in 0..leaf.nritems() {
+                let k = leaf.key(slot);
+                if k < lo || k > hi {
+                    continue;
+                }
+                if shared {
+                    same.insert(k.offset);
+                    break;
+                }
+                let data = leaf.item(slot).data;
+                let d = DirItem::parse_all(data)?
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| Error::corrupt(format!("empty DIR_INDEX item {k}")))?;
+                out.insert(k.offset, (d.location, d.name, data.to_vec()));
+            }
+        }
+        Ok(out)
+    };
+    let n = read(&now)?;
+    let b = read(&before)?;
+    Ok((n, b, same))
 }
 
 /// Whether the name `r` of an inode would be made right by a replay from
@@ -177,6 +221,15 @@ pub(super) fn plan(
                 if now == before && !force && !plan.dirs.contains_key(&ino) {
                     continue;
                 }
+                // A directory the commit had, moved since: what lies under
+                // it would show at its new place as the commit had it, a
+                // tree that never was. The kernel commits here too.
+                if now != before
+                    && !before.is_empty()
+                    && inode_of(cur, ino)?.is_some_and(|i| is_dir(&i))
+                {
+                    return Ok(None);
+                }
                 plan.named.insert(ino);
                 for r in before.iter().filter(|r| !now.contains(r)) {
                     todo.push_back(Todo::Entries(r.parent));
@@ -196,9 +249,8 @@ pub(super) fn plan(
                     // A directory removed since: its entries went with it.
                     return Ok(None);
                 }
-                let (now, before) = (entries_of(cur, dir)?, entries_of(old, dir)?);
+                let (now, before, mut same) = dir_changes(cur, old, dir)?;
                 let mut changed = BTreeSet::new();
-                let mut same = BTreeSet::new();
                 let mut items = ItemMap::new();
                 for (&i, (loc, name, raw)) in &now {
                     if before

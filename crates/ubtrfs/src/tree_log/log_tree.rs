@@ -60,9 +60,6 @@ pub(crate) struct LogTree {
     pub(crate) dirs: BTreeSet<InodeId>,
     /// Inodes whose names (INODE_REF items) the log holds.
     pub(crate) named: BTreeSet<InodeId>,
-    /// The writer's count of removed names when the log's names were
-    /// last brought up to date.
-    pub(crate) names_epoch: u64,
 }
 
 /// An inode as it was when last logged: the fs tree leaves holding its
@@ -161,7 +158,6 @@ impl LogTree {
             sectorsize: sb.sectorsize as u64,
             dirs: BTreeSet::new(),
             named: BTreeSet::new(),
-            names_epoch: 0,
         }
     }
 

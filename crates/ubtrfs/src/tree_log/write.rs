@@ -140,14 +140,12 @@ impl Filesystem {
             return Ok(false);
         };
         if w.log.is_none() {
-            let mut log = LogTree::new(
+            let log = LogTree::new(
                 self.tree_reader().volume().clone(),
                 self.superblock(),
                 w.blocks.transid,
                 w.chunk_tree_uuid(),
             );
-            // An empty log holds no stale names.
-            log.names_epoch = w.names_removed;
             w.log = Some(log);
         }
         let is_dir = match item.mode & libc::S_IFMT {
@@ -183,9 +181,9 @@ impl Filesystem {
     }
 
     /// Log the names inode `id` needs (a directory, `is_dir`: its
-    /// entries) and everything those need; and, if names were removed
-    /// since the log's names were last brought up to date, every name and
-    /// directory the log holds. False if that cannot be logged.
+    /// entries) and everything those need; and again every directory and
+    /// inode the log holds that lost a name since the log's names were
+    /// last brought up to date. False if that cannot be logged.
     fn log_names(&self, w: &mut Writer, id: InodeId, is_dir: bool) -> Result<bool> {
         let log = w
             .log
@@ -199,12 +197,15 @@ impl Filesystem {
         } else {
             start.0.push(id.ino);
         }
-        if log.names_epoch != w.names_removed {
-            for i in &log.named {
-                todo.entry(i.subvol).or_default().0.push(i.ino);
+        // Names removed since: the directories and inodes the log holds
+        // that lost one are logged again.
+        for &(subvol, dir, ino) in &w.removed_names {
+            let (d, i) = (InodeId { subvol, ino: dir }, InodeId { subvol, ino });
+            if log.dirs.contains(&d) {
+                todo.entry(subvol).or_default().1.push(dir);
             }
-            for d in &log.dirs {
-                todo.entry(d.subvol).or_default().1.push(d.ino);
+            if log.named.contains(&i) {
+                todo.entry(subvol).or_default().0.push(ino);
             }
         }
         let mut plans = Vec::new();
@@ -222,7 +223,7 @@ impl Filesystem {
         let Writer {
             log,
             blocks,
-            names_removed,
+            removed_names,
             ..
         } = &mut *w;
         let log = log
@@ -241,7 +242,7 @@ impl Filesystem {
             }
             dir_log::write(log, &mut blocks.alloc, *subvol, &cur, &old, plan)?;
         }
-        log.names_epoch = *names_removed;
+        removed_names.clear();
         Ok(true)
     }
 

@@ -110,9 +110,18 @@ impl Filesystem {
     }
 
     pub(crate) fn next_index(&self, w: &mut Writer, dir: InodeId) -> Result<u64> {
-        if let Some(n) = w.next_index.get_mut(&(dir.subvol, dir.ino)) {
-            *n += 1;
-            return Ok(*n - 1);
+        let n = self.index_counter(w, dir)?;
+        w.next_index.insert((dir.subvol, dir.ino), n + 1);
+        Ok(n)
+    }
+
+    /// The next free entry index of `dir`, looked up once and then counted
+    /// in memory, so that an index freed by removing the last entry is not
+    /// given again (a log of the directory relies on new entries having
+    /// higher indexes).
+    pub(crate) fn index_counter(&self, w: &mut Writer, dir: InodeId) -> Result<u64> {
+        if let Some(&n) = w.next_index.get(&(dir.subvol, dir.ino)) {
+            return Ok(n);
         }
         let tree = self.fs_tree(dir.subvol)?;
         let n = tree
@@ -122,7 +131,7 @@ impl Filesystem {
             // Indexes 0 and 1 stand for "." and "..".
             .map_or(2, |k| k.offset + 1)
             .max(2);
-        w.next_index.insert((dir.subvol, dir.ino), n + 1);
+        w.next_index.insert((dir.subvol, dir.ino), n);
         Ok(n)
     }
 
@@ -239,6 +248,8 @@ impl Filesystem {
             return Err(Error::Unsupported("removing a subvolume link".into()));
         }
         let target = entry.id;
+        // Count on from the index this may have been the last of.
+        self.index_counter(w, dir)?;
         if w.log.is_some() {
             w.removed_names.push((dir.subvol, dir.ino, target.ino));
         }

@@ -147,6 +147,7 @@ impl Filesystem {
                 Error::corrupt(format!("subvolume {id} has no root ref for its link"))
             })?;
         let hash_key = Key::new(dir.ino, DIR_ITEM_KEY, name_hash(name));
+        self.index_counter(w, dir)?;
         if w.log.is_some() {
             // Inode 0 is none: only the directory lost a name.
             w.removed_names.push((dir.subvol, dir.ino, 0));

@@ -40,7 +40,7 @@ use crate::format::items::{DirItem, InodeItem, InodeRef};
 use crate::fs::InodeId;
 use crate::tree::Tree;
 use crate::{Error, Result};
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 /// The most inodes (directories included) one fsync logs for names before
 /// it commits instead.
@@ -49,13 +49,92 @@ pub(super) const MAX_LOGGED: usize = 512;
 /// What to log of one subvolume's names.
 #[derive(Default)]
 pub(super) struct NamePlan {
-    /// Directories to log, with the DIR_LOG_INDEX and DIR_INDEX items.
-    dirs: BTreeMap<u64, ItemMap>,
+    /// Directories to log: the key span of their DIR_LOG_INDEX and
+    /// DIR_INDEX items to set, the items, and the highest entry index the
+    /// directory has had.
+    dirs: BTreeMap<u64, DirLog>,
     /// Inodes to log with their names (every directory above too).
     named: BTreeSet<u64>,
     /// Inodes gone since the last commit: the log must not hold them, or
     /// a replay would bring them back.
     pub gone: BTreeSet<u64>,
+}
+
+/// What the log already holds of one subvolume: a directory's entry the
+/// log has as it is now, naming an inode whose names the log has, needs no
+/// new look at that inode (had it lost a name since, it would be logged
+/// again anyway); nor does a removed entry the log's ranges cover already.
+pub(super) struct Logged<'a> {
+    pub subvol: u64,
+    pub items: Option<&'a ItemMap>,
+    pub named: &'a BTreeSet<InodeId>,
+    /// Inodes found gone since the commit and dropped from the log.
+    pub gone: &'a BTreeSet<InodeId>,
+    /// Per directory the log holds, the highest entry index it had then.
+    pub dir_max: &'a HashMap<InodeId, u64>,
+    /// Directories that lost a name since the log's names were last
+    /// brought up to date.
+    pub removed_from: &'a BTreeSet<u64>,
+}
+
+impl Logged<'_> {
+    fn names(&self, ino: u64) -> bool {
+        self.named.contains(&InodeId {
+            subvol: self.subvol,
+            ino,
+        })
+    }
+
+    fn is_gone(&self, ino: u64) -> bool {
+        self.gone.contains(&InodeId {
+            subvol: self.subvol,
+            ino,
+        })
+    }
+
+    /// Whether the log has DIR_INDEX item `key` as `raw`, naming `target`,
+    /// whose names the log has.
+    fn has_entry(&self, key: &Key, raw: &[u8], target: u64) -> bool {
+        self.names(target)
+            && self
+                .items
+                .and_then(|m| m.get(key))
+                .is_some_and(|d| d == raw)
+    }
+
+    /// The highest entry index of directory `dir` when it was last logged,
+    /// if the log holds it and it lost no name since: then it only gained
+    /// entries, each with a higher index.
+    fn only_added_since(&self, dir: u64) -> Option<u64> {
+        if self.removed_from.contains(&dir) {
+            return None;
+        }
+        self.dir_max
+            .get(&InodeId {
+                subvol: self.subvol,
+                ino: dir,
+            })
+            .copied()
+    }
+
+    /// Whether a DIR_LOG_INDEX range of `dir` in the log covers `index`.
+    fn has_removal(&self, dir: u64, index: u64) -> bool {
+        let Some(m) = self.items else {
+            return false;
+        };
+        let lo = Key::new(dir, DIR_LOG_INDEX_KEY, 0);
+        m.range(lo..=Key::new(dir, DIR_LOG_INDEX_KEY, index))
+            .next_back()
+            .and_then(|(_, d)| d.get(..8)?.try_into().ok().map(u64::from_le_bytes))
+            .is_some_and(|end| end >= index)
+    }
+}
+
+/// What to log of one directory's entries.
+struct DirLog {
+    /// Key spans of the log to make hold exactly these items.
+    spans: Vec<(Key, Key, ItemMap)>,
+    max_index: u64,
 }
 
 /// Something the closure still has to look at.
@@ -148,9 +227,14 @@ fn dir_changes(
 
 /// Whether the name `r` of an inode would be made right by a replay from
 /// the inode's back reference alone: its directory is one the committed
-/// tree `old` has, with no entry of that name or index there.
-fn added_by_ref(old: &Tree<'_>, r: &InodeRef) -> Result<bool> {
+/// tree `old` has, under the same names still (`cur`), with no entry of
+/// that name or index there.
+fn added_by_ref(cur: &Tree<'_>, old: &Tree<'_>, r: &InodeRef) -> Result<bool> {
     if !inode_of(old, r.parent)?.is_some_and(|d| is_dir(&d)) {
+        return Ok(false);
+    }
+    // A directory moved since would show the name at its old place.
+    if names_of(cur, r.parent)? != names_of(old, r.parent)? {
         return Ok(false);
     }
     if old
@@ -192,6 +276,7 @@ fn ranges(changed: &BTreeSet<u64>, same: &BTreeSet<u64>) -> Vec<(u64, u64)> {
 pub(super) fn plan(
     cur: &Tree<'_>,
     old: &Tree<'_>,
+    logged: &Logged<'_>,
     inodes: impl IntoIterator<Item = u64>,
     dirs: impl IntoIterator<Item = u64>,
 ) -> Result<Option<NamePlan>> {
@@ -200,7 +285,7 @@ pub(super) fn plan(
     let mut plan = NamePlan::default();
     let mut seen = BTreeSet::new();
     while let Some(t) = todo.pop_front() {
-        if plan.named.len() > MAX_LOGGED {
+        if plan.named.len() + plan.gone.len() > MAX_LOGGED {
             return Ok(None);
         }
         match t {
@@ -211,6 +296,14 @@ pub(super) fn plan(
                 // Gone since: every directory that had it at the commit is
                 // logged, so that the replay drops it.
                 if inode_of(cur, ino)?.is_none() {
+                    // A directory the commit had with entries: what it held
+                    // then would go with it in the replay, moved out since
+                    // or not. The kernel commits here too.
+                    if inode_of(old, ino)?.is_some_and(|i| is_dir(&i))
+                        && old.items_of(ino, DIR_INDEX_KEY)?.next().is_some()
+                    {
+                        return Ok(None);
+                    }
                     plan.gone.insert(ino);
                     for r in names_of(old, ino)? {
                         todo.push_back(Todo::Entries(r.parent));
@@ -236,7 +329,7 @@ pub(super) fn plan(
                 }
                 for r in now.iter().filter(|r| !before.contains(r)) {
                     // A subvolume root's ".." names itself.
-                    if r.parent != ino && !added_by_ref(old, r)? {
+                    if r.parent != ino && !added_by_ref(cur, old, r)? {
                         todo.push_back(Todo::Entries(r.parent));
                     }
                 }
@@ -245,9 +338,55 @@ pub(super) fn plan(
                 if plan.dirs.contains_key(&dir) {
                     continue;
                 }
+                if inode_of(cur, dir)?.is_none() && inode_of(old, dir)?.is_none() {
+                    // New since the commit and gone again: it leaves the log.
+                    plan.gone.insert(dir);
+                    continue;
+                }
                 if !inode_of(cur, dir)?.is_some_and(|d| is_dir(&d)) {
-                    // A directory removed since: its entries went with it.
+                    // A directory the commit had, removed since: its
+                    // entries would go with it in the replay.
                     return Ok(None);
+                }
+                if let Some(prev) = logged.only_added_since(dir) {
+                    // What the log holds of it stays right: add the new
+                    // entries, and a range up to the end of all indexes.
+                    let mut items = ItemMap::new();
+                    let mut max_index = prev;
+                    for it in cur.range(
+                        Key::new(dir, DIR_INDEX_KEY, prev + 1),
+                        Key::new(dir, DIR_INDEX_KEY, u64::MAX),
+                    )? {
+                        let it = it?;
+                        let d = DirItem::parse_all(it.data())?
+                            .into_iter()
+                            .next()
+                            .ok_or_else(|| {
+                                Error::corrupt(format!("empty DIR_INDEX item {}", it.key()))
+                            })?;
+                        if d.location.item_type != INODE_ITEM_KEY {
+                            return Ok(None);
+                        }
+                        let key = it.key();
+                        max_index = key.offset;
+                        if !logged.has_entry(&key, it.data(), d.location.objectid) {
+                            todo.push_back(Todo::Names(d.location.objectid, false));
+                        }
+                        items.insert(key, it.data().to_vec());
+                    }
+                    let mut spans = vec![(
+                        Key::new(dir, DIR_INDEX_KEY, prev + 1),
+                        Key::new(dir, DIR_INDEX_KEY, u64::MAX),
+                        items,
+                    )];
+                    if max_index > prev && !logged.has_removal(dir, u64::MAX) {
+                        let k = Key::new(dir, DIR_LOG_INDEX_KEY, prev + 1);
+                        spans.push((k, k, [(k, u64::MAX.to_le_bytes().to_vec())].into()));
+                    }
+                    plan.dirs.insert(dir, DirLog { spans, max_index });
+                    seen.remove(&dir);
+                    todo.push_back(Todo::Names(dir, true));
+                    continue;
                 }
                 let (now, before, mut same) = dir_changes(cur, old, dir)?;
                 let mut changed = BTreeSet::new();
@@ -265,8 +404,11 @@ pub(super) fn plan(
                         return Ok(None);
                     }
                     changed.insert(i);
-                    items.insert(Key::new(dir, DIR_INDEX_KEY, i), raw.clone());
-                    todo.push_back(Todo::Names(loc.objectid, false));
+                    let key = Key::new(dir, DIR_INDEX_KEY, i);
+                    if !logged.has_entry(&key, raw, loc.objectid) {
+                        todo.push_back(Todo::Names(loc.objectid, false));
+                    }
+                    items.insert(key, raw.clone());
                 }
                 for (&i, (loc, _, _)) in &before {
                     if same.contains(&i) {
@@ -276,7 +418,12 @@ pub(super) fn plan(
                         return Ok(None);
                     }
                     changed.insert(i);
-                    todo.push_back(Todo::Names(loc.objectid, false));
+                    let t = loc.objectid;
+                    if !logged.has_removal(dir, i)
+                        || !logged.names(t) && !logged.is_gone(t) && inode_of(cur, t)?.is_some()
+                    {
+                        todo.push_back(Todo::Names(loc.objectid, false));
+                    }
                 }
                 for (a, b) in ranges(&changed, &same) {
                     items.insert(
@@ -284,7 +431,23 @@ pub(super) fn plan(
                         b.to_le_bytes().to_vec(),
                     );
                 }
-                plan.dirs.insert(dir, items);
+                let last = |t: &Tree<'_>| -> Result<u64> {
+                    Ok(t.get_le(&Key::new(dir, DIR_INDEX_KEY, u64::MAX))?
+                        .map(|it| it.key())
+                        .filter(|k| k.objectid == dir && k.item_type == DIR_INDEX_KEY)
+                        .map_or(0, |k| k.offset))
+                };
+                plan.dirs.insert(
+                    dir,
+                    DirLog {
+                        spans: vec![(
+                            Key::new(dir, DIR_LOG_ITEM_KEY, 0),
+                            Key::new(dir, DIR_INDEX_KEY, u64::MAX),
+                            items,
+                        )],
+                        max_index: last(cur)?.max(last(old)?),
+                    },
+                );
                 // A logged directory carries its own names, as the
                 // kernel's do.
                 seen.remove(&dir);
@@ -411,14 +574,12 @@ pub(super) fn write(
             )?;
         }
     }
-    for (&dir, items) in &plan.dirs {
-        log.set_range(
-            alloc,
-            subvol,
-            Key::new(dir, DIR_LOG_ITEM_KEY, 0),
-            Key::new(dir, DIR_INDEX_KEY, u64::MAX),
-            items.clone(),
-        )?;
+    for (&dir, d) in &plan.dirs {
+        for (lo, hi, items) in &d.spans {
+            log.set_range(alloc, subvol, *lo, *hi, items.clone())?;
+        }
+        log.dir_max
+            .insert(InodeId { subvol, ino: dir }, d.max_index);
     }
     for &ino in &plan.named {
         log.named.insert(InodeId { subvol, ino });

@@ -58,8 +58,13 @@ pub(crate) struct LogTree {
     sectorsize: u64,
     /// Directories whose entries the log holds.
     pub(crate) dirs: BTreeSet<InodeId>,
+    /// Per directory the log holds, the highest entry index it had when
+    /// last logged.
+    pub(crate) dir_max: HashMap<InodeId, u64>,
     /// Inodes whose names (INODE_REF items) the log holds.
     pub(crate) named: BTreeSet<InodeId>,
+    /// Inodes gone since the last commit that the log was made to forget.
+    pub(crate) gone: BTreeSet<InodeId>,
 }
 
 /// An inode as it was when last logged: the fs tree leaves holding its
@@ -157,7 +162,9 @@ impl LogTree {
             inodes: HashMap::new(),
             sectorsize: sb.sectorsize as u64,
             dirs: BTreeSet::new(),
+            dir_max: HashMap::new(),
             named: BTreeSet::new(),
+            gone: BTreeSet::new(),
         }
     }
 
@@ -354,6 +361,8 @@ impl LogTree {
         self.inodes.remove(&id);
         self.named.remove(&id);
         self.dirs.remove(&id);
+        self.dir_max.remove(&id);
+        self.gone.insert(id);
         Ok(())
     }
 

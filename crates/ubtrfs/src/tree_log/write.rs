@@ -30,7 +30,7 @@ use crate::fs::{Filesystem, InodeId};
 use crate::transaction::Writer;
 use crate::tree::{ItemRef, RootPtr, Tree};
 use crate::{Error, Result};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
 /// Checksums of consecutive sectors, `None` where there is none.
@@ -191,6 +191,7 @@ impl Filesystem {
             .ok_or_else(|| Error::corrupt("the log vanished"))?;
         // Per subvolume: inodes whose names to log, directories to log.
         let mut todo: BTreeMap<u64, (Vec<u64>, Vec<u64>)> = BTreeMap::new();
+        let mut removed_from: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
         let start = todo.entry(id.subvol).or_default();
         if is_dir {
             start.1.push(id.ino);
@@ -204,6 +205,7 @@ impl Filesystem {
             if log.dirs.contains(&d) {
                 todo.entry(subvol).or_default().1.push(dir);
             }
+            removed_from.entry(subvol).or_default().insert(dir);
             if log.named.contains(&i) {
                 todo.entry(subvol).or_default().0.push(ino);
             }
@@ -215,7 +217,16 @@ impl Filesystem {
             };
             let cur = self.fs_tree(subvol)?;
             let old = self.tree_reader().tree(old_root);
-            let Some(plan) = dir_log::plan(&cur, &old, inodes, dirs)? else {
+            let none = BTreeSet::new();
+            let logged = dir_log::Logged {
+                subvol,
+                items: log.items(subvol),
+                named: &log.named,
+                gone: &log.gone,
+                dir_max: &log.dir_max,
+                removed_from: removed_from.get(&subvol).unwrap_or(&none),
+            };
+            let Some(plan) = dir_log::plan(&cur, &old, &logged, inodes, dirs)? else {
                 return Ok(false);
             };
             plans.push((subvol, old_root, plan));

@@ -1,0 +1,195 @@
+//! fsync of names, case by case: the sequences where a log that holds
+//! names as of the wrong moment would lose a file or show it where it
+//! never was. Each takes a crash image right after the fsync and opens it
+//! with ubtrfs (which replays the log in memory); `btrfs check` must be
+//! clean on it, and on the image after ubtrfs' read-write replay.
+
+use std::path::{Path, PathBuf};
+use ubtrfs::fs::{Filesystem, InodeId, NewInode};
+use ubtrfs::mkfs::{MkfsOptions, make_filesystem_at};
+use ubtrfs::tree_log::Synced;
+
+const FILE: NewInode = NewInode {
+    mode: libc::S_IFREG | 0o644,
+    uid: 0,
+    gid: 0,
+    rdev: 0,
+};
+
+fn image(t: &testkit::TestDir) -> PathBuf {
+    let img = t.path().join("a.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(256 << 20)
+        .unwrap();
+    make_filesystem_at(
+        &[&img],
+        &MkfsOptions {
+            nodesize: 4096,
+            ..MkfsOptions::default()
+        },
+    )
+    .unwrap();
+    img
+}
+
+/// The image as a power cut would leave it now, checked; opened with its
+/// log replayed in memory.
+fn crash(t: &testkit::TestDir, img: &Path, tag: &str) -> Filesystem {
+    let c = t.path().join(format!("crash-{tag}.img"));
+    std::fs::copy(img, &c).unwrap();
+    testkit::btrfs_check_file(&c, &[]).unwrap();
+    let rw = t.path().join(format!("replayed-{tag}.img"));
+    std::fs::copy(&c, &rw).unwrap();
+    Filesystem::open_read_write(&[&rw])
+        .unwrap()
+        .commit()
+        .unwrap();
+    testkit::btrfs_check_file(&rw, &[]).unwrap();
+    Filesystem::open(&[&c]).unwrap()
+}
+
+fn names(fs: &Filesystem, dir: InodeId) -> Vec<String> {
+    fs.read_dir(dir, 0)
+        .unwrap()
+        .into_iter()
+        .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+        .collect()
+}
+
+fn read(fs: &Filesystem, path: &str) -> Option<Vec<u8>> {
+    fs.resolve_path(path.as_bytes())
+        .ok()
+        .map(|id| fs.read_all(id).unwrap())
+}
+
+/// A file moved out of a directory that is then removed: the replay of
+/// the directory's removal must not take the file with it.
+#[test]
+fn file_moved_out_of_a_removed_directory_survives() {
+    let t = testkit::TestDir::new("names-gone-dir").unwrap();
+    let img = image(&t);
+    let fs = Filesystem::open_read_write(&[&img]).unwrap();
+    let root = fs.root();
+    let d = fs.mkdir(root, b"D", 0o755, 0, 0).unwrap().id;
+    let q = fs.mkdir(root, b"Q", 0o755, 0, 0).unwrap().id;
+    let g = fs.create(q, b"g", FILE).unwrap().id;
+    let c = fs.create(d, b"c", FILE).unwrap().id;
+    fs.write(c, 0, b"precious").unwrap();
+    fs.commit().unwrap();
+    // The root directory is in the log before the move.
+    fs.create(root, b"new", FILE).unwrap();
+    assert_eq!(fs.fsync(root, false).unwrap(), Synced::Logged);
+    fs.rename(d, b"c", q, b"c", 0).unwrap();
+    fs.rmdir(root, b"D").unwrap();
+    fs.write(g, 0, b"z").unwrap();
+    fs.fsync(g, false).unwrap();
+    drop(fs);
+    let fs = crash(&t, &img, "refresh");
+    let found = read(&fs, "/Q/c").or_else(|| read(&fs, "/D/c"));
+    assert_eq!(
+        found.as_deref(),
+        Some(&b"precious"[..]),
+        "root: {:?}",
+        names(&fs, fs.root())
+    );
+}
+
+/// The same, with the root directory's own fsync.
+#[test]
+fn file_moved_out_of_a_removed_directory_survives_its_parents_fsync() {
+    let t = testkit::TestDir::new("names-gone-dir-fsync").unwrap();
+    let img = image(&t);
+    let fs = Filesystem::open_read_write(&[&img]).unwrap();
+    let root = fs.root();
+    let d = fs.mkdir(root, b"D", 0o755, 0, 0).unwrap().id;
+    let q = fs.mkdir(root, b"Q", 0o755, 0, 0).unwrap().id;
+    let c = fs.create(d, b"c", FILE).unwrap().id;
+    fs.write(c, 0, b"precious").unwrap();
+    fs.commit().unwrap();
+    fs.rename(d, b"c", q, b"c", 0).unwrap();
+    fs.rmdir(root, b"D").unwrap();
+    fs.fsync(root, false).unwrap();
+    drop(fs);
+    let fs = crash(&t, &img, "fsync");
+    assert_eq!(names(&fs, fs.root()), ["Q"]);
+    assert_eq!(read(&fs, "/Q/c").as_deref(), Some(&b"precious"[..]));
+}
+
+/// A new file in a directory moved since the commit: it must not show at
+/// the directory's old place.
+#[test]
+fn new_file_in_a_moved_directory_is_not_at_its_old_place() {
+    let t = testkit::TestDir::new("names-moved-dir").unwrap();
+    let img = image(&t);
+    let fs = Filesystem::open_read_write(&[&img]).unwrap();
+    let root = fs.root();
+    let d = fs.mkdir(root, b"D", 0o755, 0, 0).unwrap().id;
+    let q = fs.mkdir(root, b"Q", 0o755, 0, 0).unwrap().id;
+    fs.commit().unwrap();
+    fs.rename(root, b"D", q, b"D2", 0).unwrap();
+    let x = fs.create(d, b"x", FILE).unwrap().id;
+    fs.write(x, 0, b"data").unwrap();
+    fs.fsync(x, false).unwrap();
+    drop(fs);
+    let fs = crash(&t, &img, "moved");
+    assert_eq!(read(&fs, "/D/x"), None, "root: {:?}", names(&fs, fs.root()));
+    assert_eq!(read(&fs, "/Q/D2/x").as_deref(), Some(&b"data"[..]));
+}
+
+/// The last entry of a directory removed, then a new one made, in a
+/// process that had not counted the directory's indexes before: the new
+/// entry gets a new index, and a second fsync of the directory logs it.
+#[test]
+fn entry_after_removing_the_last_one_is_logged() {
+    let t = testkit::TestDir::new("names-index").unwrap();
+    let img = image(&t);
+    {
+        let fs = Filesystem::open_read_write(&[&img]).unwrap();
+        let d = fs.mkdir(fs.root(), b"d", 0o755, 0, 0).unwrap().id;
+        for n in [&b"a"[..], b"b"] {
+            fs.create(d, n, FILE).unwrap();
+        }
+        fs.commit().unwrap();
+    }
+    let fs = Filesystem::open_read_write(&[&img]).unwrap();
+    let d = fs.resolve_path(b"/d").unwrap();
+    // Some log first, so that the removal is recorded against it.
+    let other = fs.create(fs.root(), b"o", FILE).unwrap().id;
+    assert_eq!(fs.fsync(other, false).unwrap(), Synced::Logged);
+    fs.unlink(d, b"b").unwrap();
+    assert_eq!(fs.fsync(d, false).unwrap(), Synced::Logged);
+    fs.create(d, b"n", FILE).unwrap();
+    assert_eq!(fs.fsync(d, false).unwrap(), Synced::Logged);
+    drop(fs);
+    let fs = crash(&t, &img, "index");
+    let d = fs.resolve_path(b"/d").unwrap();
+    assert_eq!(names(&fs, d), ["a", "n"]);
+}
+
+/// A file logged, then hard-linked elsewhere and its first name removed,
+/// then another file fsync'd: the first name must not come back.
+#[test]
+fn removed_name_of_a_logged_file_stays_removed() {
+    let t = testkit::TestDir::new("names-link-unlink").unwrap();
+    let img = image(&t);
+    let fs = Filesystem::open_read_write(&[&img]).unwrap();
+    let root = fs.root();
+    let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().id;
+    let e = fs.mkdir(root, b"e", 0o755, 0, 0).unwrap().id;
+    let f = fs.create(d, b"a", FILE).unwrap().id;
+    let g = fs.create(root, b"g", FILE).unwrap().id;
+    fs.commit().unwrap();
+    fs.write(f, 0, b"x").unwrap();
+    assert_eq!(fs.fsync(f, false).unwrap(), Synced::Logged);
+    fs.link(f, e, b"b").unwrap();
+    fs.unlink(d, b"a").unwrap();
+    fs.write(g, 0, b"y").unwrap();
+    assert_eq!(fs.fsync(g, false).unwrap(), Synced::Logged);
+    drop(fs);
+    let fs = crash(&t, &img, "link");
+    // Either the log shows f as fsync'd (name a) or as now (name b), never both.
+    let (a, b) = (read(&fs, "/d/a"), read(&fs, "/e/b"));
+    assert!(a.is_some() != b.is_some(), "d/a {a:?}, e/b {b:?}");
+    assert_eq!(read(&fs, "/g").as_deref(), Some(&b"y"[..]));
+}

@@ -11,7 +11,10 @@
 # ubtrfs (FUSE) vs kernel btrfs vs XFS on image files of the same size on
 # the same disk, in one run. Prints a Markdown table with ratios.
 #
-#   sudo bench/fsync-names.sh [--runtime S] [--targets LIST]
+#   sudo bench/fsync-names.sh [--runtime S] [--targets LIST] [--stream]
+#
+# With --stream, another process writes a file sequentially in 1 MiB
+# writes all along (what makes committing for each fsync expensive).
 #
 # Environment: BENCH_DIR (work dir, default /var/tmp/ubtrfs-bench), UBTRFS
 # (the binary, default target/release/ubtrfs), IMG_SIZE (default 4G),
@@ -34,15 +37,17 @@ TARGETS="ubtrfs btrfs xfs"
 WORKLOADS="replace create move unlink"
 
 usage() {
-    sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     cat <<'EOF'
 
   --runtime S      seconds each workload runs on each target (default 10)
   --targets LIST   any of: ubtrfs btrfs xfs (default: all)
+  --stream         stream 1 MiB writes into another file meanwhile
 EOF
 }
 
-parse_args "--runtime:RUNTIME --targets:TARGETS" "" "$@"
+STREAM=0
+parse_args "--runtime:RUNTIME --targets:TARGETS" "--stream:STREAM=1" "$@"
 [[ $RUNTIME =~ ^[1-9][0-9]*$ ]] || die "--runtime wants a number of seconds"
 for t in $TARGETS; do
     [[ $t =~ ^(ubtrfs|btrfs|xfs)$ ]] || die "unknown target $t"
@@ -76,6 +81,19 @@ trap cleanup EXIT
 # On the mounted target: each workload for RUNTIME seconds; prints
 # "ops/s p99_ms" per workload, in the order of WORKLOADS.
 measure() {
+    local streamer=
+    if ((STREAM)); then
+        # Rewrites a 1 GiB file over and over in 1 MiB writes.
+        python3 -c '
+import os, sys
+buf = b"\x5a" * (1 << 20)
+while True:
+    with open(sys.argv[1], "wb") as f:
+        for _ in range(1024):
+            f.write(buf)
+' "$MNT/stream" &
+        streamer=$!
+    fi
     python3 - "$MNT" "$RUNTIME" $WORKLOADS <<'PY'
 import os, sys, time
 mnt, runtime, workloads = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
@@ -142,6 +160,10 @@ for w in workloads:
     os.sync()
 print(" ".join(out))
 PY
+    if [[ -n $streamer ]]; then
+        kill "$streamer" 2>/dev/null || true
+        wait "$streamer" 2>/dev/null || true
+    fi
 }
 
 for t in $TARGETS; do
@@ -175,7 +197,7 @@ ratio() { # ubtrfs-value other-value
     python3 -c 'import sys; a, b = map(float, sys.argv[1:]); print("%.2f" % (a / b) if b else "n/a")' "$1" "$2"
 }
 {
-    echo "## fsync after changes of names (ops/s, fsync p99 in ms; $RUNTIME s each)"
+    echo "## fsync after changes of names (ops/s, p99 in ms; $RUNTIME s each$( ((STREAM)) && echo ", another file streaming"))"
     echo
     header="| workload |"
     rule="|---|"

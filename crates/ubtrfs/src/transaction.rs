@@ -382,10 +382,11 @@ pub struct Writer {
     /// Check each incremental log against one made from scratch (tests).
     pub(crate) log_self_check: bool,
     /// Names removed (renames, unlinks) since the log's names were last
-    /// brought up to date: (subvolume, directory, inode it named). The
+    /// brought up to date: (subvolume, directory, inode it named, entry
+    /// index). The
     /// log holds names as of one moment only if the directories and
     /// inodes among these that it holds are logged again.
-    pub(crate) removed_names: Vec<(u64, u64, u64)>,
+    pub(crate) removed_names: Vec<(u64, u64, u64, u64)>,
 }
 
 impl Writer {

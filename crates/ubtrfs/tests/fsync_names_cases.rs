@@ -193,3 +193,28 @@ fn removed_name_of_a_logged_file_stays_removed() {
     assert!(a.is_some() != b.is_some(), "d/a {a:?}, e/b {b:?}");
     assert_eq!(read(&fs, "/g").as_deref(), Some(&b"y"[..]));
 }
+
+/// A new file in a directory whose parent moved since the commit: it
+/// must not show under the parent's old place either.
+#[test]
+fn new_file_below_a_moved_directory_is_not_at_its_old_place() {
+    let t = testkit::TestDir::new("names-moved-parent").unwrap();
+    let img = image(&t);
+    let fs = Filesystem::open_read_write(&[&img]).unwrap();
+    let root = fs.root();
+    let a = fs.mkdir(root, b"A", 0o755, 0, 0).unwrap().id;
+    let d = fs.mkdir(a, b"D", 0o755, 0, 0).unwrap().id;
+    fs.commit().unwrap();
+    fs.rename(root, b"A", root, b"B", 0).unwrap();
+    let x = fs.create(d, b"x", FILE).unwrap().id;
+    fs.write(x, 0, b"data").unwrap();
+    fs.fsync(x, false).unwrap();
+    let y = fs.create(d, b"y", FILE).unwrap().id;
+    fs.fsync(d, false).unwrap();
+    drop(fs);
+    let fs = crash(&t, &img, "moved-parent");
+    assert_eq!(read(&fs, "/A/D/x"), None, "root: {:?}", names(&fs, fs.root()));
+    assert_eq!(read(&fs, "/A/D/y"), None);
+    assert_eq!(read(&fs, "/B/D/x").as_deref(), Some(&b"data"[..]));
+    let _ = y;
+}

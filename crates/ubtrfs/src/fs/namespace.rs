@@ -250,9 +250,6 @@ impl Filesystem {
         let target = entry.id;
         // Count on from the index this may have been the last of.
         self.index_counter(w, dir)?;
-        if w.log.is_some() {
-            w.removed_names.push((dir.subvol, dir.ino, target.ino));
-        }
         // Where the inode keeps this name: its INODE_REF for `dir`, or an
         // INODE_EXTREF keyed by the hash of `dir` and the name.
         let ref_key = Key::new(target.ino, INODE_REF_KEY, dir.ino);
@@ -286,6 +283,10 @@ impl Filesystem {
             })
         })?;
         let extended = key.item_type == INODE_EXTREF_KEY;
+        if w.log.is_some() {
+            w.removed_names
+                .push((dir.subvol, dir.ino, target.ino, r.index));
+        }
         self.modify_tree(w, dir.subvol, |ed, root| {
             ed.delete(root, Key::new(dir.ino, DIR_INDEX_KEY, r.index))?;
             ed.edit_leaf(root, &key, |leaf| {

@@ -150,7 +150,7 @@ impl Filesystem {
         self.index_counter(w, dir)?;
         if w.log.is_some() {
             // Inode 0 is none: only the directory lost a name.
-            w.removed_names.push((dir.subvol, dir.ino, 0));
+            w.removed_names.push((dir.subvol, dir.ino, 0, rr.sequence));
         }
         self.modify_tree(w, dir.subvol, |ed, root| {
             ed.edit_leaf(root, &hash_key, |leaf| {

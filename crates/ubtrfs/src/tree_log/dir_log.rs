@@ -72,10 +72,13 @@ pub(super) struct Logged<'a> {
     pub gone: &'a BTreeSet<InodeId>,
     /// Per directory the log holds, the highest entry index it had then.
     pub dir_max: &'a HashMap<InodeId, u64>,
-    /// Directories that lost a name since the log's names were last
-    /// brought up to date.
-    pub removed_from: &'a BTreeSet<u64>,
+    /// Entries removed since the log's names were last brought up to
+    /// date.
+    pub removed_from: &'a Removed,
 }
+
+/// Per directory, the (index, inode) of each entry removed.
+pub(super) type Removed = BTreeMap<u64, Vec<(u64, u64)>>;
 
 impl Logged<'_> {
     fn names(&self, ino: u64) -> bool {
@@ -102,19 +105,16 @@ impl Logged<'_> {
                 .is_some_and(|d| d == raw)
     }
 
-    /// The highest entry index of directory `dir` when it was last logged,
-    /// if the log holds it and it lost no name since: then it only gained
-    /// entries, each with a higher index.
-    fn only_added_since(&self, dir: u64) -> Option<u64> {
-        if self.removed_from.contains(&dir) {
-            return None;
-        }
-        self.dir_max
-            .get(&InodeId {
-                subvol: self.subvol,
-                ino: dir,
-            })
-            .copied()
+    /// The highest entry index of directory `dir` when it was last logged
+    /// (if the log holds it) and the entries it lost since: since then it
+    /// gained only entries with higher indexes.
+    fn logged_dir(&self, dir: u64) -> Option<(u64, &[(u64, u64)])> {
+        let prev = self.dir_max.get(&InodeId {
+            subvol: self.subvol,
+            ino: dir,
+        })?;
+        let gone = self.removed_from.get(&dir).map_or(&[][..], Vec::as_slice);
+        Some((*prev, gone))
     }
 
     /// Whether a DIR_LOG_INDEX range of `dir` in the log covers `index`.
@@ -233,8 +233,9 @@ fn added_by_ref(cur: &Tree<'_>, old: &Tree<'_>, r: &InodeRef) -> Result<bool> {
     if !inode_of(old, r.parent)?.is_some_and(|d| is_dir(&d)) {
         return Ok(false);
     }
-    // A directory moved since would show the name at its old place.
-    if names_of(cur, r.parent)? != names_of(old, r.parent)? {
+    // A directory moved since (or below one) would show the name at its
+    // old place.
+    if !unmoved(cur, old, r.parent)? {
         return Ok(false);
     }
     if old
@@ -250,6 +251,32 @@ fn added_by_ref(cur: &Tree<'_>, old: &Tree<'_>, r: &InodeRef) -> Result<bool> {
             .any(|d| d.name == r.name),
         None => true,
     })
+}
+
+/// Whether directory `dir` and every directory above it have the names
+/// the last commit gave them (a directory new since counts by its
+/// parent's): else what the log says of `dir` would show where it was
+/// at the commit, a path that has not held it since. The kernel commits
+/// then too.
+fn unmoved(cur: &Tree<'_>, old: &Tree<'_>, dir: u64) -> Result<bool> {
+    let mut d = dir;
+    // Deeper than any path can be: a loop in damaged names.
+    for _ in 0..4096 {
+        let now = names_of(cur, d)?;
+        let Some(up) = now.first().map(|r| r.parent) else {
+            return Ok(false);
+        };
+        if up == d {
+            // The subvolume's root directory.
+            return Ok(true);
+        }
+        let before = names_of(old, d)?;
+        if !before.is_empty() && before != now {
+            return Ok(false);
+        }
+        d = up;
+    }
+    Ok(false)
 }
 
 /// The DIR_LOG_INDEX ranges for a directory whose entries at `changed`
@@ -348,9 +375,29 @@ pub(super) fn plan(
                     // entries would go with it in the replay.
                     return Ok(None);
                 }
-                if let Some(prev) = logged.only_added_since(dir) {
-                    // What the log holds of it stays right: add the new
-                    // entries, and a range up to the end of all indexes.
+                if !unmoved(cur, old, dir)? {
+                    return Ok(None);
+                }
+                if let Some((prev, removed)) = logged.logged_dir(dir) {
+                    // What the log holds of it stays right but for the
+                    // entries removed since (their DIR_INDEX items go, a
+                    // committed one gets a range unless one covers it)
+                    // and the entries added since, with higher indexes
+                    // (a range up to the end of all indexes covers them).
+                    let mut spans = Vec::new();
+                    for &(i, t) in removed {
+                        let key = Key::new(dir, DIR_INDEX_KEY, i);
+                        spans.push((key, key, ItemMap::new()));
+                        if old.get(&key)?.is_some() && !logged.has_removal(dir, i) {
+                            let k = Key::new(dir, DIR_LOG_INDEX_KEY, i);
+                            spans.push((k, k, [(k, i.to_le_bytes().to_vec())].into()));
+                        }
+                        if t == 0 {
+                            // A subvolume link went: commits make those.
+                            return Ok(None);
+                        }
+                        todo.push_back(Todo::Names(t, false));
+                    }
                     let mut items = ItemMap::new();
                     let mut max_index = prev;
                     for it in cur.range(
@@ -374,11 +421,11 @@ pub(super) fn plan(
                         }
                         items.insert(key, it.data().to_vec());
                     }
-                    let mut spans = vec![(
+                    spans.push((
                         Key::new(dir, DIR_INDEX_KEY, prev + 1),
                         Key::new(dir, DIR_INDEX_KEY, u64::MAX),
                         items,
-                    )];
+                    ));
                     if max_index > prev && !logged.has_removal(dir, u64::MAX) {
                         let k = Key::new(dir, DIR_LOG_INDEX_KEY, prev + 1);
                         spans.push((k, k, [(k, u64::MAX.to_le_bytes().to_vec())].into()));

@@ -30,7 +30,7 @@ use crate::fs::{Filesystem, InodeId};
 use crate::transaction::Writer;
 use crate::tree::{ItemRef, RootPtr, Tree};
 use crate::{Error, Result};
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 /// Checksums of consecutive sectors, `None` where there is none.
@@ -191,7 +191,9 @@ impl Filesystem {
             .ok_or_else(|| Error::corrupt("the log vanished"))?;
         // Per subvolume: inodes whose names to log, directories to log.
         let mut todo: BTreeMap<u64, (Vec<u64>, Vec<u64>)> = BTreeMap::new();
-        let mut removed_from: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
+        // Per subvolume and directory: the (index, inode) of each entry
+        // removed since.
+        let mut removed_from: BTreeMap<u64, dir_log::Removed> = BTreeMap::new();
         let start = todo.entry(id.subvol).or_default();
         if is_dir {
             start.1.push(id.ino);
@@ -200,12 +202,17 @@ impl Filesystem {
         }
         // Names removed since: the directories and inodes the log holds
         // that lost one are logged again.
-        for &(subvol, dir, ino) in &w.removed_names {
+        for &(subvol, dir, ino, index) in &w.removed_names {
             let (d, i) = (InodeId { subvol, ino: dir }, InodeId { subvol, ino });
             if log.dirs.contains(&d) {
                 todo.entry(subvol).or_default().1.push(dir);
             }
-            removed_from.entry(subvol).or_default().insert(dir);
+            removed_from
+                .entry(subvol)
+                .or_default()
+                .entry(dir)
+                .or_default()
+                .push((index, ino));
             if log.named.contains(&i) {
                 todo.entry(subvol).or_default().0.push(ino);
             }
@@ -217,7 +224,7 @@ impl Filesystem {
             };
             let cur = self.fs_tree(subvol)?;
             let old = self.tree_reader().tree(old_root);
-            let none = BTreeSet::new();
+            let none = dir_log::Removed::new();
             let logged = dir_log::Logged {
                 subvol,
                 items: log.items(subvol),

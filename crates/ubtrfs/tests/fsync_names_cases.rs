@@ -213,7 +213,12 @@ fn new_file_below_a_moved_directory_is_not_at_its_old_place() {
     fs.fsync(d, false).unwrap();
     drop(fs);
     let fs = crash(&t, &img, "moved-parent");
-    assert_eq!(read(&fs, "/A/D/x"), None, "root: {:?}", names(&fs, fs.root()));
+    assert_eq!(
+        read(&fs, "/A/D/x"),
+        None,
+        "root: {:?}",
+        names(&fs, fs.root())
+    );
     assert_eq!(read(&fs, "/A/D/y"), None);
     assert_eq!(read(&fs, "/B/D/x").as_deref(), Some(&b"data"[..]));
     let _ = y;

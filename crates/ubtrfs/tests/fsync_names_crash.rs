@@ -293,7 +293,8 @@ fn names_survive(name: &str, mkfs_args: &[&str], mut seed: u64) {
         fresh += 1;
         let new_name = format!("n{fresh}").into_bytes();
         let mut fsync: Option<u64> = None;
-        match rng(&mut seed) % 16 {
+        let op = rng(&mut seed) % 16;
+        match op {
             0 | 1 => {
                 // A new file, written, maybe fsync'd.
                 let d = pick(&mut seed, &dirs);
@@ -304,30 +305,13 @@ fn names_survive(name: &str, mkfs_args: &[&str], mut seed: u64) {
                     fsync = Some(f.ino);
                 }
             }
-            2 | 3 if !file_names.is_empty() => {
-                // Rename in the same directory, maybe over another file.
+            2..=5 if !file_names.is_empty() => {
+                // Rename in the same directory (2, 3) or into another
+                // (4, 5), maybe over another file.
                 let (d, n, t) =
                     file_names[(rng(&mut seed) % file_names.len() as u64) as usize].clone();
-                let over: Vec<&(u64, Vec<u8>, u64)> = file_names
-                    .iter()
-                    .filter(|(d2, n2, t2)| *d2 == d && *n2 != n && *t2 != t)
-                    .collect();
-                let to = if !over.is_empty() && rng(&mut seed).is_multiple_of(2) {
-                    over[(rng(&mut seed) % over.len() as u64) as usize]
-                        .1
-                        .clone()
-                } else {
-                    new_name.clone()
-                };
-                fs.rename(id(d), &n, id(d), &to, 0).unwrap();
-                renamed_since_fsync.insert(t);
-                fsync = Some(t);
-            }
-            4 | 5 if !file_names.is_empty() => {
-                // Rename into another directory, maybe over another file.
-                let (d, n, t) =
-                    file_names[(rng(&mut seed) % file_names.len() as u64) as usize].clone();
-                let d2 = pick(&mut seed, &dirs);
+                let same_dir = op < 4;
+                let d2 = if same_dir { d } else { pick(&mut seed, &dirs) };
                 let over: Vec<&(u64, Vec<u8>, u64)> = file_names
                     .iter()
                     .filter(|(dd, _, tt)| *dd == d2 && *tt != t)
@@ -341,7 +325,7 @@ fn names_survive(name: &str, mkfs_args: &[&str], mut seed: u64) {
                 };
                 fs.rename(id(d), &n, id(d2), &to, 0).unwrap();
                 renamed_since_fsync.insert(t);
-                if rng(&mut seed).is_multiple_of(2) {
+                if same_dir || rng(&mut seed).is_multiple_of(2) {
                     fsync = Some(t);
                 }
             }

@@ -592,33 +592,11 @@ pub(super) fn write(
             )?;
         }
         if let Some(t) = xattrs_from {
-            let mut x = ItemMap::new();
-            for it in t.items_of(ino, XATTR_ITEM_KEY)? {
-                let it = it?;
-                x.insert(it.key(), it.data().to_vec());
-            }
-            log.set_range(
-                alloc,
-                subvol,
-                Key::new(ino, XATTR_ITEM_KEY, 0),
-                Key::new(ino, XATTR_ITEM_KEY, u64::MAX),
-                x,
-            )?;
+            copy_items(log, alloc, subvol, t, ino, XATTR_ITEM_KEY)?;
         }
         // A new symlink needs its target, an inline extent.
         if inode_of(old, ino)?.is_none() && item.mode & libc::S_IFMT == libc::S_IFLNK {
-            let mut x = ItemMap::new();
-            for it in cur.items_of(ino, EXTENT_DATA_KEY)? {
-                let it = it?;
-                x.insert(it.key(), it.data().to_vec());
-            }
-            log.set_range(
-                alloc,
-                subvol,
-                Key::new(ino, EXTENT_DATA_KEY, 0),
-                Key::new(ino, EXTENT_DATA_KEY, u64::MAX),
-                x,
-            )?;
+            copy_items(log, alloc, subvol, cur, ino, EXTENT_DATA_KEY)?;
         }
     }
     for (&dir, d) in &plan.dirs {
@@ -634,5 +612,28 @@ pub(super) fn write(
     for &dir in plan.dirs.keys() {
         log.dirs.insert(InodeId { subvol, ino: dir });
     }
+    Ok(())
+}
+
+/// Make the log hold exactly the items of type `item_type` that inode
+/// `ino` has in `tree`.
+fn copy_items(
+    log: &mut LogTree,
+    alloc: &mut Allocator,
+    subvol: u64,
+    tree: &Tree<'_>,
+    ino: u64,
+    item_type: u8,
+) -> Result<()> {
+    let mut x = ItemMap::new();
+    for it in tree.items_of(ino, item_type)? {
+        let it = it?;
+        x.insert(it.key(), it.data().to_vec());
+    }
+    let (lo, hi) = (
+        Key::new(ino, item_type, 0),
+        Key::new(ino, item_type, u64::MAX),
+    );
+    log.set_range(alloc, subvol, lo, hi, x)?;
     Ok(())
 }

@@ -19,7 +19,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 use ubtrfs::data::compression::Compression;
-use ubtrfs::device::recording::{Op, replay};
+use ubtrfs::device::recording::{Op, cut_points, replay};
 use ubtrfs::device::{Device, MemDevice, RecordingDevice};
 use ubtrfs::fs::{Filesystem, InodeId, NewInode, SetAttr};
 use ubtrfs::tree_log::Synced;
@@ -358,12 +358,8 @@ fn fsyncs_survive(
     // Power cuts: after every flush and every FUA write (the device then
     // holds exactly the ops before it), and at the very end. The fsyncs
     // that had returned by then must show.
-    let cuts: Vec<(usize, &Mark)> = log
-        .iter()
-        .enumerate()
-        .filter(|(_, o)| matches!(o, Op::Flush | Op::Fua { .. }))
-        .map(|(i, _)| i + 1)
-        .chain([log.len()])
+    let cuts: Vec<(usize, &Mark)> = cut_points(&log)
+        .into_iter()
         .map(|c| {
             let m = marks.iter().rev().find(|(at, _, _)| *at <= c).unwrap();
             (c, m)

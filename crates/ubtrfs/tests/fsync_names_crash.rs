@@ -20,7 +20,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
-use ubtrfs::device::recording::{Op, replay};
+use ubtrfs::device::recording::{Op, cut_points, replay};
 use ubtrfs::device::{Device, MemDevice, RecordingDevice};
 use ubtrfs::fs::{FileKind, Filesystem, InodeId, NewInode};
 use ubtrfs::tree_log::Synced;
@@ -470,12 +470,8 @@ fn names_survive(name: &str, mkfs_args: &[&str], mut seed: u64) {
     }
     let log = rec.log();
     drop(fs);
-    let cuts: Vec<(usize, &Due)> = log
-        .iter()
-        .enumerate()
-        .filter(|(_, o)| matches!(o, Op::Flush | Op::Fua { .. }))
-        .map(|(i, _)| i + 1)
-        .chain([log.len()])
+    let cuts: Vec<(usize, &Due)> = cut_points(&log)
+        .into_iter()
         .map(|c| (c, &marks.iter().rev().find(|(at, _)| *at <= c).unwrap().1))
         .collect();
     let work = t.path().join("cut.img");

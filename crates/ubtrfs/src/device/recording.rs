@@ -43,6 +43,18 @@ impl RecordingDevice {
     }
 }
 
+/// Where a power cut may leave a device that did `ops`, with every write
+/// before a flush or a FUA write on it: the lengths of the prefixes of
+/// `ops` that end with a flush or a FUA write, and all of `ops`.
+pub fn cut_points(ops: &[Op]) -> Vec<usize> {
+    ops.iter()
+        .enumerate()
+        .filter(|(_, o)| matches!(o, Op::Flush | Op::Fua { .. }))
+        .map(|(i, _)| i + 1)
+        .chain([ops.len()])
+        .collect()
+}
+
 /// Apply `ops` to the image `base` (writes, FUA writes; flushes do nothing).
 pub fn replay(base: &mut [u8], ops: &[Op]) {
     for op in ops {

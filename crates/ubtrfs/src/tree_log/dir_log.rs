@@ -545,6 +545,7 @@ pub(super) fn write(
             .filter(|i| i.generation != 0);
         let dir_logged = plan.dirs.contains_key(&ino);
         let committed = inode_of(old, ino)?;
+        let is_new = committed.is_none();
         let (head, xattrs_from) = if dir_logged {
             // A directory logged with its entries: as it is now; a new one
             // with size 0, which the replay's added entries grow.
@@ -595,7 +596,7 @@ pub(super) fn write(
             copy_items(log, alloc, subvol, t, ino, XATTR_ITEM_KEY)?;
         }
         // A new symlink needs its target, an inline extent.
-        if inode_of(old, ino)?.is_none() && item.mode & libc::S_IFMT == libc::S_IFLNK {
+        if is_new && item.mode & libc::S_IFMT == libc::S_IFLNK {
             copy_items(log, alloc, subvol, cur, ino, EXTENT_DATA_KEY)?;
         }
     }

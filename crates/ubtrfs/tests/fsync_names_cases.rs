@@ -223,3 +223,48 @@ fn new_file_below_a_moved_directory_is_not_at_its_old_place() {
     assert_eq!(read(&fs, "/B/D/x").as_deref(), Some(&b"data"[..]));
     let _ = y;
 }
+
+/// A directory fsync takes the new directories below it with it, and
+/// theirs: their files come back (empty, as in the kernel's log, unless
+/// fsync'd themselves), though nobody fsync'd those directories.
+#[test]
+fn new_subdirectories_come_with_their_parents_fsync() {
+    let t = testkit::TestDir::new("names-new-subdirs").unwrap();
+    let img = image(&t);
+    let fs = Filesystem::open_read_write(&[&img]).unwrap();
+    let root = fs.root();
+    let d = fs.mkdir(root, b"d", 0o755, 0, 0).unwrap().id;
+    fs.commit().unwrap();
+    let s = fs.mkdir(d, b"s", 0o755, 0, 0).unwrap().id;
+    let f = fs.create(s, b"f", FILE).unwrap().id;
+    fs.write(f, 0, b"in s").unwrap();
+    assert_eq!(fs.fsync(f, false).unwrap(), Synced::Logged);
+    let u = fs.mkdir(s, b"u", 0o755, 0, 0).unwrap().id;
+    fs.create(u, b"g", FILE).unwrap();
+    assert_eq!(fs.fsync(d, false).unwrap(), Synced::Logged);
+    drop(fs);
+    let fs = crash(&t, &img, "first");
+    assert_eq!(names(&fs, fs.resolve_path(b"/d/s").unwrap()), ["f", "u"]);
+    assert_eq!(read(&fs, "/d/s/f").as_deref(), Some(&b"in s"[..]));
+    assert_eq!(read(&fs, "/d/s/u/g").as_deref(), Some(&b""[..]));
+    drop(fs);
+
+    // Later in the same transaction: a new entry deep below, a removed
+    // one, and the parent's fsync again; the log must follow.
+    let fs = Filesystem::open_read_write(&[&img]).unwrap();
+    let d = fs.resolve_path(b"/d").unwrap();
+    fs.commit().unwrap();
+    let s = fs.mkdir(d, b"s2", 0o755, 0, 0).unwrap().id;
+    let u = fs.mkdir(s, b"u", 0o755, 0, 0).unwrap().id;
+    fs.create(u, b"a", FILE).unwrap();
+    assert_eq!(fs.fsync(d, false).unwrap(), Synced::Logged);
+    fs.create(u, b"b", FILE).unwrap();
+    fs.unlink(u, b"a").unwrap();
+    let w = fs.mkdir(u, b"w", 0o755, 0, 0).unwrap().id;
+    fs.create(w, b"c", FILE).unwrap();
+    assert_eq!(fs.fsync(d, false).unwrap(), Synced::Logged);
+    drop(fs);
+    let fs = crash(&t, &img, "again");
+    assert_eq!(names(&fs, fs.resolve_path(b"/d/s2/u").unwrap()), ["b", "w"]);
+    assert_eq!(names(&fs, fs.resolve_path(b"/d/s2/u/w").unwrap()), ["c"]);
+}

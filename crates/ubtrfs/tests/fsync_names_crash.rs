@@ -8,7 +8,9 @@
 //!
 //! - every name of a file fsync'd before the cut as it was at that fsync
 //!   or later (per name: present, absent, or naming the same inode);
-//! - every entry of a directory fsync'd before the cut likewise;
+//! - every entry of a directory fsync'd before the cut likewise, and of
+//!   the directories below it made since the last commit (as the kernel's
+//!   directory fsync logs them);
 //! - the content of a file fsync'd before the cut in a state since;
 //!
 //! and `btrfs check` must be clean on the cut image and after the
@@ -265,6 +267,8 @@ fn names_survive(name: &str, mkfs_args: &[&str], mut seed: u64) {
     let mut marks: Vec<(usize, Due)> = vec![(0, Due::default())];
     let mut tally = Tally::default();
     let mut renamed_since_fsync: BTreeSet<u64> = BTreeSet::new();
+    // The directories the last commit has.
+    let mut committed_dirs: BTreeSet<u64> = history[0].dirs.keys().copied().collect();
     let mut fresh = 0u64;
     for step in 0..90 {
         let v = history.last().unwrap().clone();
@@ -445,11 +449,21 @@ fn names_survive(name: &str, mkfs_args: &[&str], mut seed: u64) {
                 for d in now.dirs.keys() {
                     due.dirs.insert(*d, at);
                 }
+                committed_dirs = now.dirs.keys().copied().collect();
             }
             Synced::Nothing => {}
         }
         if is_dir {
-            due.dirs.insert(target, at);
+            // The directory, and the new ones below it.
+            let mut walk = vec![target];
+            while let Some(d) = walk.pop() {
+                due.dirs.insert(d, at);
+                walk.extend(
+                    now.dirs[&d]
+                        .values()
+                        .filter(|t| now.dirs.contains_key(t) && !committed_dirs.contains(t)),
+                );
+            }
         } else {
             due.files.insert(target, at);
             renamed_since_fsync.remove(&target);

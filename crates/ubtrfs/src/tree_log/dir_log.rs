@@ -7,6 +7,9 @@
 //!   DIR_LOG_INDEX ranges over the indexes whose entries changed (split
 //!   around unchanged ones): a replay drops the committed entries a range
 //!   covers that the log does not hold.
+//! - The directories made since the commit that a logged directory has
+//!   entries for go in with their entries too, and so on down, as the
+//!   kernel's directory fsync does; a later log looks at them again.
 //! - An inode whose names changed goes in with all of them (INODE_REF and
 //!   INODE_EXTREF items). One logged only for its names has an inode item
 //!   of generation 0, which a replay takes as "this inode exists" and does
@@ -72,6 +75,9 @@ pub(super) struct Logged<'a> {
     pub gone: &'a BTreeSet<InodeId>,
     /// Per directory the log holds, the highest entry index it had then.
     pub dir_max: &'a HashMap<InodeId, u64>,
+    /// Per directory the log holds, the new directories it had entries
+    /// for.
+    pub subdirs: &'a HashMap<InodeId, BTreeSet<u64>>,
     /// Entries removed since the log's names were last brought up to
     /// date.
     pub removed_from: &'a Removed,
@@ -117,6 +123,18 @@ impl Logged<'_> {
         Some((*prev, gone))
     }
 
+    /// The new directories directory `dir` had entries for when logged.
+    fn subdirs(&self, dir: u64) -> impl Iterator<Item = u64> + '_ {
+        self.subdirs
+            .get(&InodeId {
+                subvol: self.subvol,
+                ino: dir,
+            })
+            .into_iter()
+            .flatten()
+            .copied()
+    }
+
     /// Whether a DIR_LOG_INDEX range of `dir` in the log covers `index`.
     fn has_removal(&self, dir: u64, index: u64) -> bool {
         let Some(m) = self.items else {
@@ -135,6 +153,8 @@ struct DirLog {
     /// Key spans of the log to make hold exactly these items.
     spans: Vec<(Key, Key, ItemMap)>,
     max_index: u64,
+    /// The directories new since the commit it has entries for.
+    subdirs: BTreeSet<u64>,
 }
 
 /// Something the closure still has to look at.
@@ -143,6 +163,9 @@ enum Todo {
     Names(u64, bool),
     /// A directory's entries.
     Entries(u64),
+    /// The entries of a directory new since the commit, below a logged
+    /// one: logged unless the log has them as they are.
+    Subdir(u64),
 }
 
 /// The names of inode `ino` in `tree`, in a fixed order.
@@ -171,6 +194,25 @@ fn inode_of(tree: &Tree<'_>, ino: u64) -> Result<Option<InodeItem>> {
 
 fn is_dir(item: &InodeItem) -> bool {
     item.mode & libc::S_IFMT == libc::S_IFDIR
+}
+
+/// Whether entry `d` names a directory the last commit (`old`) did not
+/// have. A logged directory takes such a directory's entries with it
+/// (and theirs, and so on), as the kernel's directory fsync does: else
+/// the files in it would come back only when fsync'd themselves.
+fn is_new_dir(old: &Tree<'_>, d: &DirItem) -> Result<bool> {
+    Ok(d.file_type == FT_DIR
+        && d.location.item_type == INODE_ITEM_KEY
+        && inode_of(old, d.location.objectid)?.is_none())
+}
+
+/// The highest entry index of directory `dir` in `tree` (0 if none).
+fn last_index(tree: &Tree<'_>, dir: u64) -> Result<u64> {
+    Ok(tree
+        .get_le(&Key::new(dir, DIR_INDEX_KEY, u64::MAX))?
+        .map(|it| it.key())
+        .filter(|k| k.objectid == dir && k.item_type == DIR_INDEX_KEY)
+        .map_or(0, |k| k.offset))
 }
 
 /// Entries of a directory by index: (target key, name, raw item).
@@ -311,6 +353,7 @@ pub(super) fn plan(
     todo.extend(dirs.into_iter().map(Todo::Entries));
     let mut plan = NamePlan::default();
     let mut seen = BTreeSet::new();
+    let mut walked = BTreeSet::new();
     while let Some(t) = todo.pop_front() {
         if plan.named.len() + plan.gone.len() > MAX_LOGGED {
             return Ok(None);
@@ -361,8 +404,8 @@ pub(super) fn plan(
                     }
                 }
             }
-            Todo::Entries(dir) => {
-                if plan.dirs.contains_key(&dir) {
+            Todo::Entries(dir) | Todo::Subdir(dir) => {
+                if !walked.insert(dir) {
                     continue;
                 }
                 if inode_of(cur, dir)?.is_none() && inode_of(old, dir)?.is_none() {
@@ -374,6 +417,16 @@ pub(super) fn plan(
                     // A directory the commit had, removed since: its
                     // entries would go with it in the replay.
                     return Ok(None);
+                }
+                if let (Todo::Subdir(_), Some((prev, removed))) = (&t, logged.logged_dir(dir))
+                    && removed.is_empty()
+                    && last_index(cur, dir)? <= prev
+                {
+                    // Unchanged since logged; what is below may not be.
+                    for s in logged.subdirs(dir) {
+                        todo.push_back(Todo::Subdir(s));
+                    }
+                    continue;
                 }
                 if !unmoved(cur, old, dir)? {
                     return Ok(None);
@@ -400,6 +453,7 @@ pub(super) fn plan(
                     }
                     let mut items = ItemMap::new();
                     let mut max_index = prev;
+                    let mut subdirs: BTreeSet<u64> = logged.subdirs(dir).collect();
                     for it in cur.range(
                         Key::new(dir, DIR_INDEX_KEY, prev + 1),
                         Key::new(dir, DIR_INDEX_KEY, u64::MAX),
@@ -419,6 +473,9 @@ pub(super) fn plan(
                         if !logged.has_entry(&key, it.data(), d.location.objectid) {
                             todo.push_back(Todo::Names(d.location.objectid, false));
                         }
+                        if is_new_dir(old, &d)? {
+                            subdirs.insert(d.location.objectid);
+                        }
                         items.insert(key, it.data().to_vec());
                     }
                     spans.push((
@@ -430,7 +487,15 @@ pub(super) fn plan(
                         let k = Key::new(dir, DIR_LOG_INDEX_KEY, prev + 1);
                         spans.push((k, k, [(k, u64::MAX.to_le_bytes().to_vec())].into()));
                     }
-                    plan.dirs.insert(dir, DirLog { spans, max_index });
+                    todo.extend(subdirs.iter().map(|&s| Todo::Subdir(s)));
+                    plan.dirs.insert(
+                        dir,
+                        DirLog {
+                            spans,
+                            max_index,
+                            subdirs,
+                        },
+                    );
                     seen.remove(&dir);
                     todo.push_back(Todo::Names(dir, true));
                     continue;
@@ -438,6 +503,7 @@ pub(super) fn plan(
                 let (now, before, mut same) = dir_changes(cur, old, dir)?;
                 let mut changed = BTreeSet::new();
                 let mut items = ItemMap::new();
+                let mut subdirs = BTreeSet::new();
                 for (&i, (loc, name, raw)) in &now {
                     if before
                         .get(&i)
@@ -454,6 +520,12 @@ pub(super) fn plan(
                     let key = Key::new(dir, DIR_INDEX_KEY, i);
                     if !logged.has_entry(&key, raw, loc.objectid) {
                         todo.push_back(Todo::Names(loc.objectid, false));
+                    }
+                    if let Some(d) = DirItem::parse_all(raw)?.first()
+                        && is_new_dir(old, d)?
+                    {
+                        subdirs.insert(loc.objectid);
+                        todo.push_back(Todo::Subdir(loc.objectid));
                     }
                     items.insert(key, raw.clone());
                 }
@@ -478,12 +550,6 @@ pub(super) fn plan(
                         b.to_le_bytes().to_vec(),
                     );
                 }
-                let last = |t: &Tree<'_>| -> Result<u64> {
-                    Ok(t.get_le(&Key::new(dir, DIR_INDEX_KEY, u64::MAX))?
-                        .map(|it| it.key())
-                        .filter(|k| k.objectid == dir && k.item_type == DIR_INDEX_KEY)
-                        .map_or(0, |k| k.offset))
-                };
                 plan.dirs.insert(
                     dir,
                     DirLog {
@@ -492,7 +558,8 @@ pub(super) fn plan(
                             Key::new(dir, DIR_INDEX_KEY, u64::MAX),
                             items,
                         )],
-                        max_index: last(cur)?.max(last(old)?),
+                        max_index: last_index(cur, dir)?.max(last_index(old, dir)?),
+                        subdirs,
                     },
                 );
                 // A logged directory carries its own names, as the
@@ -604,8 +671,12 @@ pub(super) fn write(
         for (lo, hi, items) in &d.spans {
             log.set_range(alloc, subvol, *lo, *hi, items.clone())?;
         }
-        log.dir_max
-            .insert(InodeId { subvol, ino: dir }, d.max_index);
+        let id = InodeId { subvol, ino: dir };
+        log.dir_max.insert(id, d.max_index);
+        log.subdirs
+            .entry(id)
+            .or_default()
+            .extend(d.subdirs.iter().copied());
     }
     for &ino in &plan.named {
         log.named.insert(InodeId { subvol, ino });

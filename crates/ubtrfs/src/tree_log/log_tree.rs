@@ -61,6 +61,10 @@ pub(crate) struct LogTree {
     /// Per directory the log holds, the highest entry index it had when
     /// last logged.
     pub(crate) dir_max: HashMap<InodeId, u64>,
+    /// Per directory the log holds, the directories new since the commit
+    /// it had entries for when logged: a later log of it looks at them
+    /// again, as their own new entries belong with it.
+    pub(crate) subdirs: HashMap<InodeId, BTreeSet<u64>>,
     /// Inodes whose names (INODE_REF items) the log holds.
     pub(crate) named: BTreeSet<InodeId>,
     /// Inodes gone since the last commit that the log was made to forget.
@@ -163,6 +167,7 @@ impl LogTree {
             sectorsize: sb.sectorsize as u64,
             dirs: BTreeSet::new(),
             dir_max: HashMap::new(),
+            subdirs: HashMap::new(),
             named: BTreeSet::new(),
             gone: BTreeSet::new(),
         }
@@ -362,6 +367,7 @@ impl LogTree {
         self.named.remove(&id);
         self.dirs.remove(&id);
         self.dir_max.remove(&id);
+        self.subdirs.remove(&id);
         self.gone.insert(id);
         Ok(())
     }

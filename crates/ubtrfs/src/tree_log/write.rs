@@ -231,6 +231,7 @@ impl Filesystem {
                 named: &log.named,
                 gone: &log.gone,
                 dir_max: &log.dir_max,
+                subdirs: &log.subdirs,
                 removed_from: removed_from.get(&subvol).unwrap_or(&none),
             };
             let Some(plan) = dir_log::plan(&cur, &old, &logged, inodes, dirs)? else {

@@ -315,17 +315,128 @@ fn a_failed_background_write_fails_the_commit_and_keeps_the_last_one() {
     );
 }
 
+/// Bytes of which every other 128 KiB piece compresses (text) and the
+/// rest does not.
+fn half_compressible(seed: u64, len: usize) -> Vec<u8> {
+    let noise = testkit::xorshift_bytes(seed, len);
+    let mut out = Vec::with_capacity(len);
+    let mut line = 0u64;
+    while out.len() < len {
+        let piece = out.len() / (128 << 10);
+        if piece % 2 == 0 {
+            out.extend_from_slice(format!("{seed} line {line} of text\n").as_bytes());
+            line += 1;
+        } else {
+            let n = ((piece + 1) * (128 << 10)).min(len) - out.len();
+            let at = out.len();
+            out.extend_from_slice(&noise[at..at + n]);
+        }
+    }
+    out.truncate(len);
+    out
+}
+
+/// The compression of each file extent of `id`.
+fn compressions(fs: &Filesystem, id: InodeId) -> Vec<u8> {
+    fs.tree_by_id(id.subvol)
+        .unwrap()
+        .items_of(id.ino, ubtrfs::format::consts::EXTENT_DATA_KEY)
+        .unwrap()
+        .map(|it| {
+            ubtrfs::format::items::FileExtentItem::parse(it.unwrap().data())
+                .unwrap()
+                .compression
+        })
+        .collect()
+}
+
+/// With compression, a stream is compressed off the change lock and its
+/// compressed extents are written by the writeback thread: the writes
+/// return while that data waits at the gate, reads and another file's
+/// fsync do not wait, and the kernel reads back what was written.
+#[test]
+fn a_compressed_stream_is_compressed_and_written_in_the_background() {
+    use ubtrfs::data::compression::Compression;
+    let dir = testkit::TestDir::new("bg-writeback-zstd").unwrap();
+    let img = mkfs(dir.path());
+    let dev = Gated::new(&img);
+    let fs = Arc::new(open(&dev));
+    fs.set_compression(Some((Compression::Zstd, None))).unwrap();
+    let _gate = OpenOnDrop(Arc::clone(&dev));
+    let small = fs.create(fs.root(), b"small", FILE).unwrap().id;
+    let big = fs.create(fs.root(), b"big", FILE).unwrap().id;
+    fs.commit().unwrap();
+
+    let data = half_compressible(9, 80 << 20);
+    dev.writeback_only.store(true, Ordering::SeqCst);
+    dev.set_open(false);
+    let (fs2, d2) = (Arc::clone(&fs), data.clone());
+    within("a compressed streaming write", move || {
+        stream(&fs2, big, &d2)
+    })
+    .unwrap();
+    assert!(
+        dev.waiting.load(Ordering::SeqCst) > 0,
+        "no compressed data reached the writeback thread"
+    );
+    let fs2 = Arc::clone(&fs);
+    let got = within("a read", move || fs2.read_all(big).unwrap());
+    assert!(
+        got == data,
+        "reads do not see the compressed stream's bytes"
+    );
+    let fs2 = Arc::clone(&fs);
+    let how = within("an fsync of another file", move || {
+        fs2.write(small, 0, b"small file").unwrap();
+        fs2.fsync(small, false).unwrap()
+    });
+    assert_eq!(how, Synced::Logged);
+
+    dev.set_open(true);
+    fs.fsync(big, false).unwrap();
+    fs.commit().unwrap();
+    assert!(fs.read_all(big).unwrap() == data);
+    let kinds = compressions(&fs, big);
+    assert!(
+        kinds.contains(&3) && kinds.contains(&0),
+        "zstd and plain extents expected: {} extents, {} zstd",
+        kinds.len(),
+        kinds.iter().filter(|&&k| k == 3).count()
+    );
+    drop(fs);
+    std::fs::write(&img, dev.inner.snapshot()).unwrap();
+    check(&img);
+    let kernel = kernel_reads(dir.path(), &img, &["big", "small"]);
+    assert!(kernel[0] == data, "the kernel reads other bytes");
+    assert_eq!(kernel[1], b"small file");
+}
+
 /// Random large writes, truncates, hole punches, clones, fsyncs, reads
 /// and commits on three files, with enough data that much of it is in
 /// flight when the next operation comes: every read agrees with a model,
 /// `btrfs check` verifies every data checksum, the kernel reads the model.
 #[test]
 fn random_operations_over_data_in_flight_match_a_model() {
+    random_operations("bg-writeback-model", None);
+}
+
+/// The same with zstd: much of the data is in compression jobs when the
+/// next operation writes over it, truncates or clones it.
+#[test]
+fn random_operations_over_data_being_compressed_match_a_model() {
+    random_operations(
+        "bg-writeback-model-zstd",
+        Some(ubtrfs::data::compression::Compression::Zstd),
+    );
+}
+
+fn random_operations(name: &str, compression: Option<ubtrfs::data::compression::Compression>) {
     const MAX_SIZE: u64 = 48 << 20;
-    let dir = testkit::TestDir::new("bg-writeback-model").unwrap();
+    let dir = testkit::TestDir::new(name).unwrap();
     let img = mkfs(dir.path());
     let dev = Gated::new(&img);
     let fs = open(&dev);
+    fs.set_compression(compression.map(|c| (c, None))).unwrap();
     let ss = u64::from(fs.geometry().sectorsize);
     let ids: Vec<InodeId> = (0..3)
         .map(|i| {
@@ -345,7 +456,11 @@ fn random_operations_over_data_in_flight_match_a_model() {
                 let off = rng.range(0, MAX_SIZE - (1 << 20));
                 let len = rng.range(1, (8 << 20).min(MAX_SIZE - off));
                 seed += 1;
-                let bytes = testkit::xorshift_bytes(seed, len as usize);
+                let bytes = if compression.is_some() {
+                    half_compressible(seed, len as usize)
+                } else {
+                    testkit::xorshift_bytes(seed, len as usize)
+                };
                 fs.write(id, off, &bytes).unwrap();
                 let m = &mut model[f];
                 if m.len() < (off + len) as usize {

@@ -404,7 +404,7 @@ impl Filesystem {
     }
 
     /// How this filesystem's data checksums are computed.
-    fn csum_spec(&self) -> CsumSpec {
+    pub(crate) fn csum_spec(&self) -> CsumSpec {
         CsumSpec {
             csum_type: self.superblock().csum_type,
             sectorsize: self.geo.sectorsize as usize,
@@ -425,10 +425,37 @@ impl Filesystem {
         data: &Arc<Vec<u8>>,
         part: std::ops::Range<usize>,
     ) -> Result<u64> {
+        let ram_len = part.len() as u64;
+        self.complete_compressed_later(
+            w,
+            id,
+            file_offset,
+            disk_bytenr,
+            data,
+            part,
+            super::compression::Compression::None,
+            ram_len,
+        )
+    }
+
+    /// [`Filesystem::complete_ordered_later`] for data compressed with
+    /// `kind`: `data[part]` are the bytes on disk, `ram_len` the bytes of
+    /// the file they hold.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn complete_compressed_later(
+        &self,
+        w: &mut Writer,
+        id: InodeId,
+        file_offset: u64,
+        disk_bytenr: u64,
+        data: &Arc<Vec<u8>>,
+        part: std::ops::Range<usize>,
+        kind: super::compression::Compression,
+        ram_len: u64,
+    ) -> Result<u64> {
         let len = part.len();
         let nodatasum = self.inode_item(id)?.flags & INODE_NODATASUM != 0;
-        let mut oe = OrderedExtent::new(id, file_offset, disk_bytenr, Vec::new());
-        oe.ram_len = len as u64;
+        let oe = OrderedExtent::compressed(id, file_offset, disk_bytenr, Vec::new(), kind, ram_len);
         let added = self.insert_ordered_items(w, &oe, len as u64)?;
         self.in_flight.submit(
             self.tree_reader().volume(),

@@ -7,7 +7,8 @@
 //! Every commit writes back all dirty data first, so a committed inode
 //! never records a size its extents do not back.
 
-use super::compression::{Compression, compress};
+use super::compress_jobs::{Compressed, compress_range};
+use super::compression::Compression;
 use super::delalloc::DirtyRun;
 use super::ordered::OrderedExtent;
 use crate::alloc::SpaceKind;
@@ -18,6 +19,7 @@ use crate::format::items::{ExtentBody, FileExtentItem, Timespec};
 use crate::fs::{FileKind, Filesystem, InodeId};
 use crate::transaction::Writer;
 use crate::{Error, Result};
+use std::sync::Arc;
 
 /// Files up to this size are stored inline, like the kernel's default
 /// `max_inline`.
@@ -32,6 +34,13 @@ const IN_FLIGHT_LIMIT: u64 = 32 << 20;
 /// Past this, a write waits for the writeback thread even while it holds
 /// the change lock (a caller that never throttles).
 const IN_FLIGHT_HARD_LIMIT: u64 = 512 << 20;
+/// Dirty data being compressed off the change lock before writers wait
+/// ([`Filesystem::throttle_writes`]); a caller that never throttles waits
+/// past the hard limit.
+const COMPRESSING_LIMIT: u64 = 32 << 20;
+const COMPRESSING_HARD_LIMIT: u64 = 256 << 20;
+/// Most dirty data one compression job takes.
+const COMPRESS_JOB: u64 = 16 << 20;
 /// Most data chunks one write may add.
 const MAX_NEW_CHUNKS: usize = 64;
 
@@ -119,7 +128,9 @@ impl Filesystem {
             i.mtime = now;
             i.ctime = now;
         })?;
-        if self.delalloc().bytes() > DIRTY_LIMIT {
+        // Data that compression jobs hold is on its way already.
+        let held = self.compress_jobs.held();
+        if self.delalloc().bytes().saturating_sub(held) > DIRTY_LIMIT {
             self.writeback_background(&mut w)?;
         }
         Ok(data.len())
@@ -131,6 +142,7 @@ impl Filesystem {
     /// pace without holding up everybody else.
     pub fn throttle_writes(&self) {
         self.in_flight.wait_for_room(IN_FLIGHT_LIMIT);
+        self.compress_jobs.wait_for_room(COMPRESSING_LIMIT);
     }
 
     /// Hand every inode's dirty data to the writeback thread: its extents
@@ -139,12 +151,153 @@ impl Filesystem {
     fn writeback_background(&self, w: &mut Writer) -> Result<()> {
         // Checksums of what is written already go in now, in small steps.
         self.finish_in_flight(w, None, false)?;
+        self.apply_compressed(w, None, false)?;
         self.in_flight.wait_for_room(IN_FLIGHT_HARD_LIMIT);
+        self.compress_jobs.wait_for_room(COMPRESSING_HARD_LIMIT);
         let ss = self.geometry().sectorsize as u64;
         let ids = self.delalloc().inodes();
         for id in ids {
+            if let Some((kind, level)) = self.compression_for(w, id)?
+                && self.inode_item(id)?.size > MAX_INLINE
+            {
+                self.queue_compression(w, id, kind, level)?;
+                continue;
+            }
             let mut runs = self.delalloc().take_runs(id, ss, MAX_EXTENT);
             self.writeback_taken(w, id, &mut runs, true)?;
+        }
+        Ok(())
+    }
+
+    /// Hand the dirty data of `id` that no job holds yet to compression
+    /// jobs ([`super::compress_jobs`]), but for the last, partial 128 KiB
+    /// of a stretch that ends at the end of the file (a stream will
+    /// likely fill it). Stretches shorter than a compressed extent are
+    /// written back here and now: jobs are for streams.
+    fn queue_compression(
+        &self,
+        w: &mut Writer,
+        id: InodeId,
+        kind: Compression,
+        level: Option<i32>,
+    ) -> Result<()> {
+        let ss = self.geometry().sectorsize as u64;
+        let size = self.inode_item(id)?.size;
+        let covered = self.compress_jobs.covered(id);
+        // Dirty stretches (touching runs joined), less what jobs hold.
+        let mut free: Vec<(u64, u64)> = Vec::new();
+        for (off, len) in self.delalloc().ranges(id, ss) {
+            match free.last_mut() {
+                Some((s, e)) if *e == off => *e = off + len,
+                _ => free.push((off, off + len)),
+            }
+        }
+        for &(c, clen) in &covered {
+            let mut next = Vec::with_capacity(free.len() + 1);
+            for (s, e) in free {
+                let (cs, ce) = (c, c + clen);
+                if ce <= s || cs >= e {
+                    next.push((s, e));
+                    continue;
+                }
+                if s < cs {
+                    next.push((s, cs));
+                }
+                if ce < e {
+                    next.push((ce, e));
+                }
+            }
+            free = next;
+        }
+        let mut small = Vec::new();
+        for (s, e) in free {
+            let mut end = e;
+            if e >= size.div_ceil(ss) * ss && e - s > MAX_COMPRESSED_RAM {
+                end = s + (e - s) / MAX_COMPRESSED_RAM * MAX_COMPRESSED_RAM;
+            }
+            if end - s < MAX_COMPRESSED_RAM {
+                if end > s {
+                    small.push((s, end));
+                }
+                continue;
+            }
+            let mut at = s;
+            while at < end {
+                let n = (end - at).min(COMPRESS_JOB);
+                let Some(bytes) = self.delalloc().copy_range(id, at, n) else {
+                    break;
+                };
+                if !self.compress_jobs.submit(
+                    id,
+                    at,
+                    bytes,
+                    kind,
+                    level,
+                    self.geometry().sectorsize,
+                ) {
+                    small.push((at, end));
+                    break;
+                }
+                at += n;
+            }
+        }
+        let mut runs = Vec::new();
+        for (s, e) in small {
+            let mut d = self.delalloc();
+            if let Some(data) = d.copy_range(id, s, e - s) {
+                d.take_range(id, s, e - s);
+                runs.push(DirtyRun { offset: s, data });
+            }
+        }
+        self.writeback_taken(w, id, &mut runs, true)
+    }
+
+    /// Turn finished compression jobs of `owner` (every file's if `None`)
+    /// into extents; with `wait`, wait for unfinished ones. A job whose
+    /// bytes are no longer the dirty ones (written over, truncated) is
+    /// dropped: the newer bytes stay dirty.
+    pub(crate) fn apply_compressed(
+        &self,
+        w: &mut Writer,
+        owner: Option<InodeId>,
+        wait: bool,
+    ) -> Result<()> {
+        let ss = self.geometry().sectorsize as u64;
+        for done in self.compress_jobs.take(owner, wait) {
+            let len = done.input.len() as u64;
+            // A failed compression leaves the bytes dirty: the next
+            // writeback compresses them again and reports what fails.
+            let Ok(c) = done.out else {
+                continue;
+            };
+            let id = done.id;
+            {
+                let mut d = self.delalloc();
+                if !d.matches(id, done.offset, &done.input) {
+                    continue;
+                }
+                d.take_range(id, done.offset, len);
+            }
+            let mut data = Vec::new();
+            let r = match self.place_compressed(w, id, done.offset, len, c, true) {
+                Ok(true) => Ok(()),
+                Ok(false) => {
+                    data = Arc::unwrap_or_clone(done.input.clone());
+                    self.cow_range_plain(w, id, done.offset, &mut data, true)
+                }
+                Err(e) => {
+                    data = Arc::unwrap_or_clone(done.input.clone());
+                    Err(e)
+                }
+            };
+            if r.is_err() && !data.is_empty() {
+                self.delalloc().put_sectors(id, done.offset / ss, &data, ss);
+            }
+            r?;
+            if !self.superblock().no_holes() {
+                let size = self.inode_item(id)?.size;
+                self.fill_holes(w, id, size)?;
+            }
         }
         Ok(())
     }
@@ -200,6 +353,7 @@ impl Filesystem {
 
     /// Write back every inode's dirty data.
     pub(crate) fn writeback_all(&self, w: &mut Writer) -> Result<()> {
+        self.apply_compressed(w, None, true)?;
         let ids = self.delalloc().inodes();
         for id in ids {
             self.writeback(w, id)?;
@@ -214,6 +368,7 @@ impl Filesystem {
     /// written goes back. (The caller holds the write state, so no write
     /// comes in between; a reader running meanwhile may see the old data.)
     pub(crate) fn writeback(&self, w: &mut Writer, id: InodeId) -> Result<()> {
+        self.apply_compressed(w, Some(id), true)?;
         let ss = self.geometry().sectorsize as u64;
         let mut runs = self.delalloc().take_runs(id, ss, MAX_EXTENT);
         self.writeback_taken(w, id, &mut runs, false)
@@ -322,12 +477,26 @@ impl Filesystem {
         data: &mut Vec<u8>,
         background: bool,
     ) -> Result<()> {
-        if let Some((kind, level)) = self.compression_for(w, id)?
-            && self.cow_range_compressed(w, id, offset, data, kind, level)?
-        {
-            *data = Vec::new();
-            return Ok(());
+        if let Some((kind, level)) = self.compression_for(w, id)? {
+            let ss = self.geometry().sectorsize;
+            let c = compress_range(data, offset, kind, level, ss)?;
+            if self.place_compressed(w, id, offset, data.len() as u64, c, background)? {
+                *data = Vec::new();
+                return Ok(());
+            }
         }
+        self.cow_range_plain(w, id, offset, data, background)
+    }
+
+    /// [`Filesystem::cow_range`] without compression.
+    fn cow_range_plain(
+        &self,
+        w: &mut Writer,
+        id: InodeId,
+        offset: u64,
+        data: &mut Vec<u8>,
+        background: bool,
+    ) -> Result<()> {
         let len = data.len() as u64;
         let pieces = self.reserve_data(w, len)?;
         let data = std::mem::take(data);
@@ -395,68 +564,114 @@ impl Filesystem {
         })
     }
 
-    /// Like `cow_range`, cutting the data into compressed extents of at
-    /// most 128 KiB of file data; a piece that does not shrink by a sector
-    /// is written plain, as the kernel does. Returns false, having changed
-    /// nothing, when the free data space is enough in total but too
-    /// fragmented for a compressed extent: the caller writes it plain then
-    /// rather than take a new chunk (which could fill the device with
-    /// data chunks while freed space waits for a commit).
-    fn cow_range_compressed(
+    /// Put `c`, the compressed form of the `len` file bytes at `offset`
+    /// of `id` ([`compress_range`]), into new extents in place of what was
+    /// there; their data is written by the writeback thread if
+    /// `background`, else now. Returns false, having changed nothing,
+    /// when the free data space is enough in total but too fragmented for
+    /// the compressed extents: the caller writes the bytes plain then
+    /// rather than take a new chunk (which could fill the device with data
+    /// chunks while freed space waits for a commit).
+    fn place_compressed(
         &self,
         w: &mut Writer,
         id: InodeId,
         offset: u64,
-        data: &[u8],
-        kind: Compression,
-        level: Option<i32>,
+        len: u64,
+        c: Compressed,
+        background: bool,
     ) -> Result<bool> {
-        let ss = self.geometry().sectorsize;
-        let mut plan: Vec<(u64, Vec<u8>, Compression, u64)> = Vec::new();
-        for (i, chunk) in data.chunks(MAX_COMPRESSED_RAM as usize).enumerate() {
-            let at = offset + (i as u64) * MAX_COMPRESSED_RAM;
-            match compress(kind, level, chunk, ss)? {
-                Some(mut c) => {
-                    c.resize(c.len().div_ceil(ss as usize) * ss as usize, 0);
-                    plan.push((at, c, kind, chunk.len() as u64));
-                }
-                None => plan.push((at, chunk.to_vec(), Compression::None, chunk.len() as u64)),
-            }
-        }
-        // All space first: a writeback that cannot finish changes nothing.
-        let mut places = Vec::with_capacity(plan.len());
-        let mut new_chunks = false;
-        let plain_fits = w.blocks.alloc.free_bytes(SpaceKind::Data) >= data.len() as u64;
-        for (_, bytes, _, _) in &plan {
-            let len = bytes.len() as u64;
-            let got = match w.blocks.alloc.alloc(SpaceKind::Data, len, ss as u64) {
-                Some(at) => Ok(at),
-                None if !new_chunks && plain_fits => {
-                    for (&at, (_, b, _, _)) in places.iter().zip(&plan) {
-                        w.blocks.alloc.release(at, b.len() as u64)?;
+        let ss = self.geometry().sectorsize as u64;
+        let total = c.data.len() as u64;
+        // One stretch for all pieces when there is one: one write.
+        let places: Vec<u64> = match w.blocks.alloc.alloc(SpaceKind::Data, total, ss) {
+            Some(at) => c.pieces.iter().map(|p| at + p.at as u64).collect(),
+            None => {
+                // All space first: a writeback that cannot finish changes
+                // nothing.
+                let mut places = Vec::with_capacity(c.pieces.len());
+                let mut new_chunks = false;
+                let plain_fits = w.blocks.alloc.free_bytes(SpaceKind::Data) >= len;
+                let release = |w: &mut Writer, places: &[u64]| -> Result<()> {
+                    for (&at, p) in places.iter().zip(&c.pieces) {
+                        w.blocks.alloc.release(at, p.disk_len as u64)?;
                     }
-                    return Ok(false);
-                }
-                None => {
-                    new_chunks = true;
-                    self.alloc_exact(w, len)
-                }
-            };
-            match got {
-                Ok(at) => places.push(at),
-                Err(e) => {
-                    for (&at, (_, b, _, _)) in places.iter().zip(&plan) {
-                        w.blocks.alloc.release(at, b.len() as u64)?;
+                    Ok(())
+                };
+                for p in &c.pieces {
+                    let plen = p.disk_len as u64;
+                    let got = match w.blocks.alloc.alloc(SpaceKind::Data, plen, ss) {
+                        Some(at) => Ok(at),
+                        None if !new_chunks && plain_fits => {
+                            release(w, &places)?;
+                            return Ok(false);
+                        }
+                        None => {
+                            new_chunks = true;
+                            self.alloc_exact(w, plen)
+                        }
+                    };
+                    match got {
+                        Ok(at) => places.push(at),
+                        Err(e) => {
+                            release(w, &places)?;
+                            return Err(e);
+                        }
                     }
-                    return Err(e);
                 }
+                places
             }
-        }
-        let removed = self.drop_range(w, id, offset, offset + data.len() as u64)?;
+        };
+        let contiguous = places
+            .iter()
+            .zip(&c.pieces)
+            .all(|(&at, p)| at == places[0] + p.at as u64);
+        let removed = self.drop_range(w, id, offset, offset + len)?;
         let mut added = 0;
-        for ((at, bytes, k, ram), disk) in plan.into_iter().zip(places) {
-            let oe = OrderedExtent::compressed(id, at, disk, bytes, k, ram);
-            added += self.complete_ordered(w, oe)?;
+        if background && contiguous {
+            let nodatasum = self.inode_item(id)?.flags & INODE_NODATASUM != 0;
+            for (p, &disk) in c.pieces.iter().zip(&places) {
+                let oe = OrderedExtent::compressed(
+                    id,
+                    p.file_offset,
+                    disk,
+                    Vec::new(),
+                    p.kind,
+                    p.ram_len,
+                );
+                added += self.insert_ordered_items(w, &oe, p.disk_len as u64)?;
+            }
+            self.in_flight.submit(
+                self.tree_reader().volume(),
+                self.csum_spec(),
+                places[0],
+                id,
+                Arc::new(c.data),
+                0,
+                total as usize,
+                !nodatasum,
+            )?;
+        } else if background {
+            let data = Arc::new(c.data);
+            for (p, &disk) in c.pieces.iter().zip(&places) {
+                added += self.complete_compressed_later(
+                    w,
+                    id,
+                    p.file_offset,
+                    disk,
+                    &data,
+                    p.at..p.at + p.disk_len,
+                    p.kind,
+                    p.ram_len,
+                )?;
+            }
+        } else {
+            for (p, &disk) in c.pieces.iter().zip(&places) {
+                let bytes = c.data[p.at..p.at + p.disk_len].to_vec();
+                let oe =
+                    OrderedExtent::compressed(id, p.file_offset, disk, bytes, p.kind, p.ram_len);
+                added += self.complete_ordered(w, oe)?;
+            }
         }
         self.change_inode(w, id, |i| {
             i.nbytes = i.nbytes.saturating_sub(removed) + added

@@ -57,6 +57,8 @@ pub struct Filesystem {
     pub(crate) delalloc: std::sync::Mutex<crate::data::delalloc::Delalloc>,
     /// Extents whose data the writeback thread is writing.
     pub(crate) in_flight: crate::data::in_flight::InFlight,
+    /// Dirty data being compressed off the change lock.
+    pub(crate) compress_jobs: crate::data::compress_jobs::CompressJobs,
     /// When the filesystem was opened (times of synthesized inodes).
     pub(crate) opened_at: crate::format::items::Timespec,
 }
@@ -152,6 +154,7 @@ impl Filesystem {
             opened_at: now(),
             delalloc: std::sync::Mutex::new(Default::default()),
             in_flight: Default::default(),
+            compress_jobs: Default::default(),
             open_inodes: std::sync::Mutex::new(HashMap::new()),
         };
         fs.default_subvol = fs.find_default_subvol()?;

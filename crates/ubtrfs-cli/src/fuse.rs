@@ -81,6 +81,7 @@
 
 pub mod control;
 mod copy;
+mod deferred;
 mod served;
 mod write;
 
@@ -148,6 +149,8 @@ pub struct FuseFs {
     /// while the kernel still knew them: they are opened without FUSE, so
     /// they live until the kernel forgets them.
     held_until_forget: std::sync::Mutex<std::collections::HashSet<InodeId>>,
+    /// Long writes waiting for writeback room, once the session started.
+    deferred: Option<deferred::DeferredWrites>,
 }
 
 impl FuseFs {
@@ -165,6 +168,7 @@ impl FuseFs {
             posix_acl: false,
             stats: control::Stats::default(),
             held_until_forget: Default::default(),
+            deferred: None,
         }
     }
 
@@ -419,10 +423,19 @@ impl fuser::Filesystem for FuseFs {
         if let Err(max) = config.set_max_readahead(MAX_READAHEAD) {
             let _ = config.set_max_readahead(max);
         }
+        if self.served.writable() {
+            // Without the thread, long writes wait in FUSE threads as before.
+            self.deferred = deferred::DeferredWrites::start(self.write_ctx())
+                .inspect_err(|e| tracing::warn!("no thread for deferred writes: {e}"))
+                .ok();
+        }
         Ok(())
     }
 
     fn destroy(&mut self) {
+        if let Some(d) = self.deferred.take() {
+            d.stop();
+        }
         // The session is over: the last commit. It runs once however often
         // this is reached; the mount command reports its outcome.
         if let Err(e) = self.served.finish() {
@@ -894,6 +907,27 @@ impl fuser::Filesystem for FuseFs {
         self.stats.count(Counter::Write);
         self.stats.max(Counter::MaxWrite, data.len() as u64);
         let kill = write_flags.contains(fuser::WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        let deferred = self.deferred.as_ref().filter(|d| {
+            d.wants(ino, data.len(), || {
+                self.served.fs_unlocked().writes_must_wait()
+            })
+        });
+        let reply = match deferred {
+            Some(d) => {
+                let job = deferred::Job {
+                    ino,
+                    offset,
+                    data: data.to_vec(),
+                    kill,
+                    reply,
+                };
+                match d.submit(job) {
+                    None => return,
+                    Some(job) => job.reply,
+                }
+            }
+            None => reply,
+        };
         match self.do_write(ino, offset, data, kill) {
             Ok((n, killed)) => {
                 reply.written(n);

@@ -104,19 +104,16 @@ impl FuseFs {
         data: &[u8],
         kill: bool,
     ) -> Result<(u32, bool), Errno> {
-        let id = self.inode_of(ino);
-        // Wait for the device here, not inside the lock every other
-        // change needs.
-        self.served.fs_unlocked().throttle_writes();
-        let done = self.served.write(|fs| {
-            self.keeping_times(fs, id, || {
-                let killed = kill && kill_privs(fs, id)?;
-                let n = fs.write(id, offset, data).map_err(errno)?;
-                Ok((u32::try_from(n).map_err(|_| Errno::EOVERFLOW)?, killed))
-            })
-        })?;
-        self.served.note_changed(ino);
-        Ok(done)
+        self.write_ctx().write(ino, offset, data, kill)
+    }
+
+    /// What a write needs of the mount, for the thread of deferred writes.
+    pub(super) fn write_ctx(&self) -> WriteCtx {
+        WriteCtx {
+            served: std::sync::Arc::clone(&self.served),
+            root: self.root,
+            writeback_cache: self.writeback_cache,
+        }
     }
 
     /// Run `f`, a change of the contents of `id`, and put back the
@@ -132,20 +129,7 @@ impl FuseFs {
         id: InodeId,
         f: impl FnOnce() -> Result<T, Errno>,
     ) -> Result<T, Errno> {
-        if !self.writeback_cache {
-            return f();
-        }
-        let before = fs.stat(id).map_err(errno)?;
-        let done = f()?;
-        if before.kind == FileKind::File {
-            let times = SetAttr {
-                mtime: Some(before.mtime),
-                ctime: Some(before.ctime),
-                ..SetAttr::default()
-            };
-            fs.setattr(id, times).map_err(errno)?;
-        }
-        Ok(done)
+        keep_times(self.writeback_cache, fs, id, f)
     }
 
     /// A symbolic link `name` in `parent` to `target`, owned by the caller.
@@ -348,6 +332,65 @@ fn killed_mode(st: &Stat, contents: bool) -> Option<u32> {
 }
 
 /// Clear the set-user-ID bits of `id` ([`killed_mode`]); true if any were set.
+/// What a write needs of the mount: the filesystem, the mount's root
+/// (FUSE inode numbers are relative to it) and whether the kernel keeps
+/// the times (writeback cache).
+pub(super) struct WriteCtx {
+    pub served: std::sync::Arc<super::Served>,
+    root: InodeId,
+    writeback_cache: bool,
+}
+
+impl WriteCtx {
+    /// Write `data` at `offset` of `ino`; with `kill`, clear the
+    /// set-user-ID bits first. Returns the bytes written and whether bits
+    /// were cleared.
+    pub(super) fn write(
+        &self,
+        ino: INodeNo,
+        offset: u64,
+        data: &[u8],
+        kill: bool,
+    ) -> Result<(u32, bool), Errno> {
+        let id = super::from_fuse(self.root, ino);
+        // Wait for the device here, not inside the lock every other
+        // change needs.
+        self.served.fs_unlocked().throttle_writes();
+        let done = self.served.write(|fs| {
+            keep_times(self.writeback_cache, fs, id, || {
+                let killed = kill && kill_privs(fs, id)?;
+                let n = fs.write(id, offset, data).map_err(errno)?;
+                Ok((u32::try_from(n).map_err(|_| Errno::EOVERFLOW)?, killed))
+            })
+        })?;
+        self.served.note_changed(ino);
+        Ok(done)
+    }
+}
+
+/// See [`FuseFs::keeping_times`].
+fn keep_times<T>(
+    writeback_cache: bool,
+    fs: &Filesystem,
+    id: InodeId,
+    f: impl FnOnce() -> Result<T, Errno>,
+) -> Result<T, Errno> {
+    if !writeback_cache {
+        return f();
+    }
+    let before = fs.stat(id).map_err(errno)?;
+    let done = f()?;
+    if before.kind == FileKind::File {
+        let times = SetAttr {
+            mtime: Some(before.mtime),
+            ctime: Some(before.ctime),
+            ..SetAttr::default()
+        };
+        fs.setattr(id, times).map_err(errno)?;
+    }
+    Ok(done)
+}
+
 fn kill_privs(fs: &Filesystem, id: InodeId) -> Result<bool, Errno> {
     let st = fs.stat(id).map_err(errno)?;
     let Some(mode) = killed_mode(&st, true) else {

@@ -251,6 +251,11 @@ impl CompressJobs {
         v
     }
 
+    /// Whether at most `limit` bytes are being compressed.
+    pub fn has_room(&self, limit: u64) -> bool {
+        self.shared.lock().compressing <= limit
+    }
+
     /// Wait until at most `limit` bytes are being compressed.
     pub fn wait_for_room(&self, limit: u64) {
         let mut s = self.shared.lock();

@@ -22,6 +22,10 @@ pub struct Delalloc {
     /// Buffers of long runs already written, kept for new long runs: fresh
     /// memory costs a page fault and a zeroed page per 4 KiB written.
     spare: Vec<Vec<u8>>,
+    /// Longest run (0: [`MAX_EXTENT`]). Compressed writeback takes runs
+    /// a job at a time: shorter runs are then taken whole, not cut (a
+    /// cut copies what follows).
+    max_run: usize,
 }
 
 /// Runs this long take a spare buffer (or room for a whole extent).
@@ -42,6 +46,20 @@ impl Delalloc {
     /// Bytes held.
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// The longest a run grows.
+    pub fn max_run(&self) -> u64 {
+        if self.max_run == 0 {
+            MAX_EXTENT
+        } else {
+            self.max_run as u64
+        }
+    }
+
+    /// Let runs grow to `bytes` (a whole number of sectors) at most.
+    pub fn set_max_run(&mut self, bytes: u64) {
+        self.max_run = bytes.min(MAX_EXTENT) as usize;
     }
 
     /// Whether `id` has dirty data.
@@ -81,7 +99,7 @@ impl Delalloc {
             self.sectorsize = sectorsize;
         }
         let ss = self.sectorsize as usize;
-        let max = MAX_EXTENT as usize;
+        let max = self.max_run() as usize;
         let Delalloc {
             files,
             bytes,
@@ -159,14 +177,15 @@ impl Delalloc {
                 if let Some(run) = file.get_mut(&start) {
                     run.extend_from_slice(&next);
                 }
-                keep_spare(spare, next);
+                keep_spare(spare, next, max);
             }
         }
     }
 
     /// Keep `buf`, the buffer of a run that was written, for a new run.
     pub fn recycle(&mut self, buf: Vec<u8>) {
-        keep_spare(&mut self.spare, buf);
+        let max = self.max_run() as usize;
+        keep_spare(&mut self.spare, buf, max);
     }
 
     /// Give the spare buffers' memory back.
@@ -353,8 +372,8 @@ impl Delalloc {
 }
 
 /// Keep `buf` among the spare buffers if it is a long run's and there is room.
-fn keep_spare(spare: &mut Vec<Vec<u8>>, mut buf: Vec<u8>) {
-    if buf.capacity() >= MAX_EXTENT as usize / 2 && spare.len() < SPARES {
+fn keep_spare(spare: &mut Vec<Vec<u8>>, mut buf: Vec<u8>, max_run: usize) {
+    if buf.capacity() >= max_run / 2 && buf.capacity() >= LONG_RUN && spare.len() < SPARES {
         buf.clear();
         spare.push(buf);
     }

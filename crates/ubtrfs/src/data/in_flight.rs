@@ -145,6 +145,11 @@ impl InFlight {
         s.extents.is_empty() && s.failed.is_none()
     }
 
+    /// Whether at most `limit` bytes are queued or being written.
+    pub fn has_room(&self, limit: u64) -> bool {
+        self.shared.lock().unwritten <= limit
+    }
+
     /// Wait until at most `limit` bytes are queued or being written.
     pub fn wait_for_room(&self, limit: u64) {
         let mut s = self.shared.lock();

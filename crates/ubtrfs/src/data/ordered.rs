@@ -588,6 +588,11 @@ impl Filesystem {
     ) -> Result<()> {
         let mut w = self.writer()?;
         w.compress = kind.filter(|(k, _)| *k != super::compression::Compression::None);
+        self.delalloc().set_max_run(if w.compress.is_some() {
+            super::write::COMPRESS_JOB
+        } else {
+            super::write::MAX_EXTENT
+        });
         Ok(())
     }
 

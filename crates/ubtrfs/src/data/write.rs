@@ -40,7 +40,7 @@ const IN_FLIGHT_HARD_LIMIT: u64 = 512 << 20;
 const COMPRESSING_LIMIT: u64 = 32 << 20;
 const COMPRESSING_HARD_LIMIT: u64 = 256 << 20;
 /// Most dirty data one compression job takes.
-const COMPRESS_JOB: u64 = 16 << 20;
+pub(crate) const COMPRESS_JOB: u64 = 16 << 20;
 /// Most data chunks one write may add.
 const MAX_NEW_CHUNKS: usize = 64;
 
@@ -145,6 +145,14 @@ impl Filesystem {
         self.compress_jobs.wait_for_room(COMPRESSING_LIMIT);
     }
 
+    /// Whether [`Filesystem::throttle_writes`] would wait now. A server
+    /// may hand a large write that would to a thread of its own, keeping
+    /// its other threads for requests that need no room (an fsync, a
+    /// read, a small write).
+    pub fn writes_must_wait(&self) -> bool {
+        !self.in_flight.has_room(IN_FLIGHT_LIMIT) || !self.compress_jobs.has_room(COMPRESSING_LIMIT)
+    }
+
     /// Hand every inode's dirty data to the writeback thread: its extents
     /// join the running transaction now, their data goes to the device
     /// while the caller goes on.
@@ -163,7 +171,11 @@ impl Filesystem {
                 self.queue_compression(w, id, kind, level)?;
                 continue;
             }
-            let mut runs = self.delalloc().take_runs(id, ss, MAX_EXTENT);
+            let mut runs = {
+                let mut d = self.delalloc();
+                let max = d.max_run();
+                d.take_runs(id, ss, max)
+            };
             self.writeback_taken(w, id, &mut runs, true)?;
         }
         Ok(())
@@ -184,31 +196,27 @@ impl Filesystem {
         let ss = self.geometry().sectorsize as u64;
         let size = self.inode_item(id)?.size;
         let covered = self.compress_jobs.covered(id);
-        // Dirty stretches (touching runs joined), less what jobs hold.
-        let mut free: Vec<(u64, u64)> = Vec::new();
-        for (off, len) in self.delalloc().ranges(id, ss) {
-            match free.last_mut() {
-                Some((s, e)) if *e == off => *e = off + len,
-                _ => free.push((off, off + len)),
-            }
-        }
+        // Dirty runs (each taken whole or from its start: cutting one
+        // copies what follows), less what jobs hold.
+        let mut free = self.delalloc().ranges(id, ss);
         for &(c, clen) in &covered {
             let mut next = Vec::with_capacity(free.len() + 1);
-            for (s, e) in free {
-                let (cs, ce) = (c, c + clen);
-                if ce <= s || cs >= e {
-                    next.push((s, e));
+            for (s, len) in free {
+                let (e, ce) = (s + len, c + clen);
+                if ce <= s || c >= e {
+                    next.push((s, len));
                     continue;
                 }
-                if s < cs {
-                    next.push((s, cs));
+                if s < c {
+                    next.push((s, c - s));
                 }
                 if ce < e {
-                    next.push((ce, e));
+                    next.push((ce, e - ce));
                 }
             }
             free = next;
         }
+        let free: Vec<(u64, u64)> = free.into_iter().map(|(s, len)| (s, s + len)).collect();
         let mut small = Vec::new();
         for (s, e) in free {
             let mut end = e;
@@ -370,7 +378,11 @@ impl Filesystem {
     pub(crate) fn writeback(&self, w: &mut Writer, id: InodeId) -> Result<()> {
         self.apply_compressed(w, Some(id), true)?;
         let ss = self.geometry().sectorsize as u64;
-        let mut runs = self.delalloc().take_runs(id, ss, MAX_EXTENT);
+        let mut runs = {
+            let mut d = self.delalloc();
+            let max = d.max_run();
+            d.take_runs(id, ss, max)
+        };
         self.writeback_taken(w, id, &mut runs, false)
     }
 

@@ -159,35 +159,13 @@ PY
 
 for t in $TARGETS; do
     log "$t: new image"
-    case $t in
-        xfs) mkfs_image "$IMG" xfs "$t" ;;
-        *) mkfs_image "$IMG" btrfs "$t" ;;
-    esac
-    case $t in
-        ubtrfs)
-            "$UBTRFS" mount "$IMG" "$MNT" -o "compress=$ALGO" 2>"$W/log-ubtrfs.txt" &
-            pid=$!
-            wait_fuse_mount "$MNT" "$pid" || die "ubtrfs mount failed: $(tail -n 3 "$W/log-ubtrfs.txt")"
-            ;;
-        btrfs) mount -o "loop,compress=$ALGO" "$IMG" "$MNT" ;;
-        xfs) mount -o loop "$IMG" "$MNT" ;;
-    esac
+    mount_target "$t" "$([[ $t == xfs ]] || echo "compress=$ALGO")"
     log "$t: stream of $SIZE MiB, then $RUNTIME s of fsyncs beside a stream"
     ROW[$t]=$(measure)
-    case $t in
-        ubtrfs)
-            "$UBTRFS" umount "$MNT" || die "ubtrfs umount failed"
-            wait "$pid" || die "ubtrfs mount exited non-zero: $(tail -n 3 "$W/log-ubtrfs.txt")"
-            ;;
-        *) umount "$MNT" ;;
-    esac
-    rm -f "$IMG"
+    unmount_target "$t"
 done
 
 host_facts
-ratio() { # ubtrfs-value other-value
-    python3 -c 'import sys; a, b = map(float, sys.argv[1:]); print("%.2f" % (a / b) if b else "n/a")' "$1" "$2"
-}
 {
     echo "## Writing with compress=$ALGO (XFS: no compression)"
     echo

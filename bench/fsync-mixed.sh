@@ -100,34 +100,13 @@ PY
 
 for t in $TARGETS; do
     log "$t: new image"
-    case $t in
-        xfs) mkfs_image "$IMG" xfs "$t" ;;
-        *) mkfs_image "$IMG" btrfs "$t" ;;
-    esac
-    case $t in
-        ubtrfs)
-            "$UBTRFS" mount "$IMG" "$MNT" 2>"$W/log-ubtrfs.txt" &
-            pid=$!
-            wait_fuse_mount "$MNT" "$pid" || die "ubtrfs mount failed: $(tail -n 3 "$W/log-ubtrfs.txt")"
-            ;;
-        *) mount -o loop "$IMG" "$MNT" ;;
-    esac
+    mount_target "$t"
     log "$t: fio for $RUNTIME s"
     ROW[$t]=$(measure "$t")
-    case $t in
-        ubtrfs)
-            "$UBTRFS" umount "$MNT" || die "ubtrfs umount failed"
-            wait "$pid" || die "ubtrfs mount exited non-zero: $(tail -n 3 "$W/log-ubtrfs.txt")"
-            ;;
-        *) umount "$MNT" ;;
-    esac
-    rm -f "$IMG"
+    unmount_target "$t"
 done
 
 host_facts
-ratio() { # ubtrfs-value other-value
-    python3 -c 'import sys; a, b = map(float, sys.argv[1:]); print("%.2f" % (a / b) if b else "n/a")' "$1" "$2"
-}
 {
     echo "## fsync of 4 KiB random writes, alone and while another file streams ($RUNTIME s each)"
     echo

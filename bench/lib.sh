@@ -147,3 +147,41 @@ mkfs_image() { # img btrfs|xfs target
         *) mkfs.btrfs -f $MKFS_BTRFS_OPTS "$1" >"$W/log-mkfs.txt" 2>&1 ;;
     esac || { cat "$W/log-mkfs.txt" >&2; die "mkfs for $3 failed"; }
 }
+
+# Make a new image IMG for `target` (ubtrfs, btrfs or xfs) and mount it on
+# MNT; `options` go to the btrfs targets' mount (kernel: `-o`, ubtrfs:
+# `-o` too). ubtrfs logs to $W/log-ubtrfs.txt; its pid is in UBTRFS_PID.
+mount_target() { # target [options]
+    local t=$1 o=${2:-}
+    case $t in
+        xfs) mkfs_image "$IMG" xfs "$t" ;;
+        *) mkfs_image "$IMG" btrfs "$t" ;;
+    esac
+    case $t in
+        ubtrfs)
+            "$UBTRFS" mount "$IMG" "$MNT" ${o:+-o "$o"} 2>"$W/log-ubtrfs.txt" &
+            UBTRFS_PID=$!
+            wait_fuse_mount "$MNT" "$UBTRFS_PID" || die "ubtrfs mount failed: $(tail -n 3 "$W/log-ubtrfs.txt")"
+            ;;
+        btrfs) mount -o "loop${o:+,$o}" "$IMG" "$MNT" ;;
+        *) mount -o loop "$IMG" "$MNT" ;;
+    esac
+}
+
+# Unmount what mount_target mounted (ubtrfs: its last commit must
+# succeed) and remove the image.
+unmount_target() { # target
+    case $1 in
+        ubtrfs)
+            "$UBTRFS" umount "$MNT" || die "ubtrfs umount failed"
+            wait "$UBTRFS_PID" || die "ubtrfs mount exited non-zero: $(tail -n 3 "$W/log-ubtrfs.txt")"
+            ;;
+        *) umount "$MNT" ;;
+    esac
+    rm -f "$IMG"
+}
+
+# ubtrfs' value over another target's, to two places ("n/a" over 0).
+ratio() { # ubtrfs-value other-value
+    python3 -c 'import sys; a, b = map(float, sys.argv[1:]); print("%.2f" % (a / b) if b else "n/a")' "$1" "$2"
+}

@@ -928,7 +928,7 @@ impl fuser::Filesystem for FuseFs {
             }
             None => reply,
         };
-        match self.do_write(ino, offset, data, kill) {
+        match self.write_ctx().write(ino, offset, data, kill) {
             Ok((n, killed)) => {
                 reply.written(n);
                 if killed {

@@ -95,19 +95,8 @@ impl FuseFs {
         })
     }
 
-    /// Write `data` at `offset`; with `kill`, clear the set-user-ID bits
-    /// first. Returns the bytes written and whether bits were cleared.
-    pub(super) fn do_write(
-        &self,
-        ino: INodeNo,
-        offset: u64,
-        data: &[u8],
-        kill: bool,
-    ) -> Result<(u32, bool), Errno> {
-        self.write_ctx().write(ino, offset, data, kill)
-    }
-
-    /// What a write needs of the mount, for the thread of deferred writes.
+    /// What a write needs of the mount (also on the thread of deferred
+    /// writes).
     pub(super) fn write_ctx(&self) -> WriteCtx {
         WriteCtx {
             served: std::sync::Arc::clone(&self.served),

@@ -39,19 +39,25 @@ pub(crate) struct Compressed {
     pub pieces: Vec<Piece>,
 }
 
+/// Most threads one range is compressed on.
+const MAX_WORKERS: usize = 8;
+
 /// Compress `data`, the file's bytes from `offset`, in pieces of at most
 /// 128 KiB of file data (the kernel's largest compressed extent), the
-/// pieces spread over the machine's CPUs.
+/// pieces spread over the machine's CPUs; at a lower CPU priority if
+/// `background` (a job nobody waits for yet).
 pub(crate) fn compress_range(
     data: &[u8],
     offset: u64,
     kind: Compression,
     level: Option<i32>,
     sectorsize: u32,
+    background: bool,
 ) -> Result<Compressed> {
     let chunks: Vec<&[u8]> = data.chunks(MAX_COMPRESSED_RAM as usize).collect();
     let workers = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
+        .min(MAX_WORKERS)
         .min(chunks.len());
     let one = |c: &[u8]| -> Result<Option<Vec<u8>>> {
         let ss = sectorsize as usize;
@@ -65,23 +71,33 @@ pub(crate) fn compress_range(
     } else {
         let mut slots: Vec<Option<Result<Option<Vec<u8>>>>> = Vec::new();
         slots.resize_with(chunks.len(), || None);
+        let share = |w: usize| {
+            (w..chunks.len())
+                .step_by(workers)
+                .map(|i| (i, one(chunks[i])))
+                .collect::<Vec<_>>()
+        };
         std::thread::scope(|s| {
-            let handles: Vec<_> = (0..workers)
-                .map(|w| {
-                    let chunks = &chunks;
-                    let one = &one;
-                    s.spawn(move || {
-                        lower_priority();
-                        (w..chunks.len())
-                            .step_by(workers)
-                            .map(|i| (i, one(chunks[i])))
-                            .collect::<Vec<_>>()
-                    })
+            // The caller takes the first share; a thread that cannot be
+            // started or that fails leaves its share to the caller below.
+            let handles: Vec<_> = (1..workers)
+                .filter_map(|w| {
+                    let share = &share;
+                    std::thread::Builder::new()
+                        .name("compress".into())
+                        .spawn_scoped(s, move || {
+                            if background {
+                                lower_priority();
+                            }
+                            share(w)
+                        })
+                        .ok()
                 })
                 .collect();
+            for (i, r) in share(0) {
+                slots[i] = Some(r);
+            }
             for h in handles {
-                // A compressor that panicked leaves its slots empty: an
-                // error below, not a panic here.
                 for (i, r) in h.join().unwrap_or_default() {
                     slots[i] = Some(r);
                 }
@@ -89,9 +105,8 @@ pub(crate) fn compress_range(
         });
         slots
             .into_iter()
-            .map(|r| {
-                r.unwrap_or_else(|| Err(crate::Error::Invalid("a compressor thread failed".into())))
-            })
+            .zip(&chunks)
+            .map(|(r, c)| r.unwrap_or_else(|| one(c)))
             .collect()
     };
     let mut out = Compressed::default();
@@ -134,6 +149,9 @@ fn lower_priority() {
 /// A job: a copy of a file's dirty bytes and, once done, their
 /// compressed form.
 struct Job {
+    /// Tells jobs apart (two never share a range, but a finished one must
+    /// find its own job whatever happens).
+    seq: u64,
     id: InodeId,
     offset: u64,
     input: Arc<Vec<u8>>,
@@ -152,6 +170,7 @@ pub(crate) struct Done {
 #[derive(Default)]
 struct State {
     jobs: Vec<Job>,
+    next_seq: u64,
     /// Bytes of jobs not yet compressed.
     compressing: u64,
     /// Bytes of all jobs not yet taken.
@@ -193,9 +212,12 @@ impl CompressJobs {
         let input = Arc::new(input);
         let len = input.len() as u64;
         // Registered before the thread starts: it finds its job.
-        {
+        let seq = {
             let mut s = self.shared.lock();
+            let seq = s.next_seq;
+            s.next_seq += 1;
             s.jobs.push(Job {
+                seq,
                 id,
                 offset,
                 input: Arc::clone(&input),
@@ -203,20 +225,22 @@ impl CompressJobs {
             });
             s.compressing += len;
             s.held += len;
-        }
+            seq
+        };
         let shared = Arc::clone(&self.shared);
         let spawned = std::thread::Builder::new()
             .name("compress".into())
             .spawn(move || {
                 lower_priority();
-                let out = compress_range(&input, offset, kind, level, sectorsize);
+                // Whatever happens, the job ends: fsync and commit wait
+                // for it.
+                let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    compress_range(&input, offset, kind, level, sectorsize, true)
+                }))
+                .unwrap_or_else(|_| Err(crate::Error::Invalid("compressing panicked".into())));
                 let mut s = shared.lock();
                 s.compressing -= len;
-                if let Some(j) = s
-                    .jobs
-                    .iter_mut()
-                    .find(|j| j.id == id && j.offset == offset && j.out.is_none())
-                {
+                if let Some(j) = s.jobs.iter_mut().find(|j| j.seq == seq) {
                     j.out = Some(out);
                 }
                 drop(s);
@@ -226,8 +250,7 @@ impl CompressJobs {
             return true;
         }
         let mut s = self.shared.lock();
-        s.jobs
-            .retain(|j| !(j.id == id && j.offset == offset && j.out.is_none()));
+        s.jobs.retain(|j| j.seq != seq);
         s.compressing -= len;
         s.held -= len;
         false
@@ -317,7 +340,7 @@ mod tests {
             .collect();
         data.extend_from_slice(&noise);
         data.resize(data.len().div_ceil(4096) * 4096, 0);
-        let c = compress_range(&data, 1 << 20, Compression::Zstd, None, 4096).unwrap();
+        let c = compress_range(&data, 1 << 20, Compression::Zstd, None, 4096, false).unwrap();
         let mut back = Vec::new();
         let mut next = 1u64 << 20;
         for p in &c.pieces {

@@ -128,8 +128,14 @@ impl Filesystem {
             i.mtime = now;
             i.ctime = now;
         })?;
-        // Data that compression jobs hold is on its way already.
-        let held = self.compress_jobs.held();
+        // Data that compression jobs hold is on its way already; finished
+        // ones become extents (their memory is freed) without waiting for
+        // the next writeback.
+        let mut held = self.compress_jobs.held();
+        if held > 0 {
+            self.apply_compressed(&mut w, None, false)?;
+            held = self.compress_jobs.held();
+        }
         if self.delalloc().bytes().saturating_sub(held) > DIRTY_LIMIT {
             self.writeback_background(&mut w)?;
         }
@@ -290,11 +296,11 @@ impl Filesystem {
             let r = match self.place_compressed(w, id, done.offset, len, c, true) {
                 Ok(true) => Ok(()),
                 Ok(false) => {
-                    data = Arc::unwrap_or_clone(done.input.clone());
+                    data = Arc::unwrap_or_clone(done.input);
                     self.cow_range_plain(w, id, done.offset, &mut data, true)
                 }
                 Err(e) => {
-                    data = Arc::unwrap_or_clone(done.input.clone());
+                    data = Arc::unwrap_or_clone(done.input);
                     Err(e)
                 }
             };
@@ -491,7 +497,7 @@ impl Filesystem {
     ) -> Result<()> {
         if let Some((kind, level)) = self.compression_for(w, id)? {
             let ss = self.geometry().sectorsize;
-            let c = compress_range(data, offset, kind, level, ss)?;
+            let c = compress_range(data, offset, kind, level, ss, false)?;
             if self.place_compressed(w, id, offset, data.len() as u64, c, background)? {
                 *data = Vec::new();
                 return Ok(());

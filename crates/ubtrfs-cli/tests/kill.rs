@@ -18,7 +18,7 @@
 //!
 //! The next round starts from what the kernel showed. `UBTRFS_KILL_SEED`
 //! replays a run (the seed is printed); `UBTRFS_KILL_ROUNDS` sets the
-//! number of rounds (12).
+//! number of rounds (12; 6 for the run on a `compress=zstd` mount).
 //!
 //! Needs root, loop devices, the btrfs module, btrfs-progs and fuse3.
 
@@ -640,11 +640,23 @@ fn env_u64(name: &str) -> Option<u64> {
 #[test]
 fn sigkill_at_random_moments() {
     require_privileged!();
+    kill_rounds("kill", "commit=1", DEFAULT_ROUNDS);
+}
+
+/// The same on a `compress=zstd` mount: compressed extents, and streams
+/// compressed off the change lock, caught by the kill.
+#[test]
+fn sigkill_at_random_moments_compressed() {
+    require_privileged!();
+    kill_rounds("kill-zstd", "commit=1,compress=zstd", DEFAULT_ROUNDS / 2);
+}
+
+fn kill_rounds(name: &str, mount_opts: &str, default_rounds: u64) {
     // A fixed default seed keeps CI reproducible; the kill moments still vary.
     let seed = env_u64("UBTRFS_KILL_SEED").unwrap_or(0x6b11_5eed);
-    let rounds = env_u64("UBTRFS_KILL_ROUNDS").unwrap_or(DEFAULT_ROUNDS);
-    eprintln!("kill test: UBTRFS_KILL_SEED={seed:#x}, {rounds} rounds");
-    let t = TestDir::new("kill").unwrap();
+    let rounds = env_u64("UBTRFS_KILL_ROUNDS").unwrap_or(default_rounds);
+    eprintln!("kill test ({mount_opts}): UBTRFS_KILL_SEED={seed:#x}, {rounds} rounds");
+    let t = TestDir::new(name).unwrap();
     let img = t.join("disk.img");
     let opts = MkfsOptions {
         device_size: IMAGE_SIZE,
@@ -655,7 +667,7 @@ fn sigkill_at_random_moments() {
     let mut tree = Tree::new();
     for round in 0..rounds {
         let ctx = format!("round {round} (UBTRFS_KILL_SEED={seed:#x})");
-        let mut mount = start_mount(&img, &t.join("fuse"), &["-o", "commit=1"]);
+        let mut mount = start_mount(&img, &t.join("fuse"), &["-o", mount_opts]);
         let mnt = mount.path().to_path_buf();
         let killed = Arc::new(AtomicBool::new(false));
         let mut wrng = Rng::new(rng.next_u64());

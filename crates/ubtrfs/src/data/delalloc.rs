@@ -260,8 +260,16 @@ impl Delalloc {
     /// (sector-aligned), if all of them are dirty.
     pub fn copy_range(&self, id: InodeId, offset: u64, len: u64) -> Option<Vec<u8>> {
         let mut out = Vec::with_capacity(len as usize);
-        self.for_each_piece(id, offset, len, |piece| out.extend_from_slice(piece))
+        self.copy_range_into(id, offset, len, &mut out)
             .then_some(out)
+    }
+
+    /// [`Delalloc::copy_range`] into `out` (emptied first); false if not
+    /// all of the range is dirty.
+    pub fn copy_range_into(&self, id: InodeId, offset: u64, len: u64, out: &mut Vec<u8>) -> bool {
+        out.clear();
+        out.reserve(len as usize);
+        self.for_each_piece(id, offset, len, |piece| out.extend_from_slice(piece))
     }
 
     /// Whether the dirty bytes of `id` from `offset` (sector-aligned) on

@@ -238,9 +238,10 @@ impl Filesystem {
             let mut at = s;
             while at < end {
                 let n = (end - at).min(COMPRESS_JOB);
-                let Some(bytes) = self.delalloc().copy_range(id, at, n) else {
+                let mut bytes = self.compress_jobs.buffer();
+                if !self.delalloc().copy_range_into(id, at, n, &mut bytes) {
                     break;
-                };
+                }
                 if !self.compress_jobs.submit(
                     id,
                     at,
@@ -288,13 +289,18 @@ impl Filesystem {
             {
                 let mut d = self.delalloc();
                 if !d.matches(id, done.offset, &done.input) {
+                    drop(d);
+                    self.compress_jobs.recycle(done.input);
                     continue;
                 }
                 d.take_range(id, done.offset, len);
             }
             let mut data = Vec::new();
             let r = match self.place_compressed(w, id, done.offset, len, c, true) {
-                Ok(true) => Ok(()),
+                Ok(true) => {
+                    self.compress_jobs.recycle(done.input);
+                    Ok(())
+                }
                 Ok(false) => {
                     data = Arc::unwrap_or_clone(done.input);
                     self.cow_range_plain(w, id, done.offset, &mut data, true)

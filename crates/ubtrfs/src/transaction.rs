@@ -387,6 +387,12 @@ pub struct Writer {
     /// log holds names as of one moment only if the directories and
     /// inodes among these that it holds are logged again.
     pub(crate) removed_names: Vec<(u64, u64, u64, u64)>,
+    /// A chunk was added in the running transaction. A log replay finds
+    /// chunks in the committed chunk tree only, so a log naming blocks in
+    /// this one could not be replayed: fsyncs commit until the next
+    /// commit (the kernel forces a full commit after a new block group
+    /// too).
+    pub(crate) new_chunk: bool,
 }
 
 impl Writer {
@@ -563,6 +569,7 @@ impl Filesystem {
             log: None,
             log_self_check: false,
             removed_names: Vec::new(),
+            new_chunk: false,
         }));
         Ok(fs)
     }
@@ -731,6 +738,7 @@ impl Filesystem {
         // The log's blocks are free in what this commit writes (the
         // kernel's are too) and reusable once it is on disk.
         w.removed_names.clear();
+        w.new_chunk = false;
         if let Some(log) = w.log.take() {
             log.discard(&mut w.blocks.alloc)?;
         }

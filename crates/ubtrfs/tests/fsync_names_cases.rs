@@ -268,3 +268,33 @@ fn new_subdirectories_come_with_their_parents_fsync() {
     assert_eq!(names(&fs, fs.resolve_path(b"/d/s2/u").unwrap()), ["b", "w"]);
     assert_eq!(names(&fs, fs.resolve_path(b"/d/s2/u/w").unwrap()), ["c"]);
 }
+
+/// Data written into a chunk added in the running transaction: a log
+/// naming it could not be replayed (the replay finds chunks in the
+/// committed chunk tree only), so the fsync commits, as the kernel's does
+/// after a new block group.
+#[test]
+fn fsync_after_a_new_chunk_commits() {
+    let t = testkit::TestDir::new("names-new-chunk").unwrap();
+    let img = image(&t);
+    let fs = Filesystem::open_read_write(&[&img]).unwrap();
+    let root = fs.root();
+    let small = fs.create(root, b"small", FILE).unwrap().id;
+    fs.write(small, 0, b"first").unwrap();
+    fs.commit().unwrap();
+    assert_eq!(fs.fsync(small, false).unwrap(), Synced::Nothing);
+    fs.write(small, 0, b"again").unwrap();
+    assert_eq!(fs.fsync(small, false).unwrap(), Synced::Logged);
+    // More data than the data chunks mkfs made can hold.
+    let free = fs.statfs().free_bytes;
+    let big = fs.create(root, b"big", FILE).unwrap().id;
+    let data = testkit::xorshift_bytes(5, (free as usize / 2).max(64 << 20));
+    for (i, c) in data.chunks(1 << 20).enumerate() {
+        fs.write(big, (i << 20) as u64, c).unwrap();
+    }
+    assert_eq!(fs.fsync(big, false).unwrap(), Synced::Committed);
+    drop(fs);
+    let fs = crash(&t, &img, "new-chunk");
+    assert!(read(&fs, "/big").unwrap() == data);
+    assert_eq!(read(&fs, "/small").as_deref(), Some(&b"again"[..]));
+}

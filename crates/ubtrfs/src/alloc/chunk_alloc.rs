@@ -188,6 +188,7 @@ impl Filesystem {
             }
             Ok(())
         })?;
+        w.new_chunk = true;
         self.tree_reader().volume().chunks.insert(logical, chunk)?;
         let mut group = BlockGroup {
             start: logical,

@@ -387,12 +387,11 @@ pub struct Writer {
     /// log holds names as of one moment only if the directories and
     /// inodes among these that it holds are logged again.
     pub(crate) removed_names: Vec<(u64, u64, u64, u64)>,
-    /// A chunk was added in the running transaction. A log replay finds
-    /// chunks in the committed chunk tree only, so a log naming blocks in
-    /// this one could not be replayed: fsyncs commit until the next
-    /// commit (the kernel forces a full commit after a new block group
-    /// too).
-    pub(crate) new_chunk: bool,
+    /// Chunks added in the running transaction (logical start, length).
+    /// A log replay finds chunks in the committed chunk tree only, so a
+    /// log naming a block in one (its own, or logged data) could not be
+    /// replayed: such an fsync commits instead.
+    pub(crate) new_chunks: Vec<(u64, u64)>,
 }
 
 impl Writer {
@@ -569,7 +568,7 @@ impl Filesystem {
             log: None,
             log_self_check: false,
             removed_names: Vec::new(),
-            new_chunk: false,
+            new_chunks: Vec::new(),
         }));
         Ok(fs)
     }
@@ -738,7 +737,7 @@ impl Filesystem {
         // The log's blocks are free in what this commit writes (the
         // kernel's are too) and reusable once it is on disk.
         w.removed_names.clear();
-        w.new_chunk = false;
+        w.new_chunks.clear();
         if let Some(log) = w.log.take() {
             log.discard(&mut w.blocks.alloc)?;
         }

@@ -227,6 +227,13 @@ fn an_fsync_does_not_wait_behind_another_files_stream() {
     let _gate = OpenOnDrop(Arc::clone(&dev));
     let streamed = fs.create(fs.root(), b"stream", FILE).unwrap().id;
     let synced = fs.create(fs.root(), b"synced", FILE).unwrap().id;
+    // Data chunks with room for both files, committed: a log naming data
+    // in a chunk added since the commit could not be replayed, so that
+    // fsync would commit (and wait for the stream), as the kernel's does.
+    let ballast = fs.create(fs.root(), b"ballast", FILE).unwrap().id;
+    stream(&fs, ballast, &testkit::xorshift_bytes(9, 96 << 20)).unwrap();
+    fs.commit().unwrap();
+    fs.unlink(fs.root(), b"ballast").unwrap();
     fs.commit().unwrap();
 
     dev.writeback_only.store(true, Ordering::SeqCst);

@@ -271,8 +271,7 @@ fn new_subdirectories_come_with_their_parents_fsync() {
 
 /// Data written into a chunk added in the running transaction: a log
 /// naming it could not be replayed (the replay finds chunks in the
-/// committed chunk tree only), so the fsync commits, as the kernel's does
-/// after a new block group.
+/// committed chunk tree only), so the fsync commits.
 #[test]
 fn fsync_after_a_new_chunk_commits() {
     let t = testkit::TestDir::new("names-new-chunk").unwrap();

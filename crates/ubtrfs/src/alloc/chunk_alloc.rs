@@ -188,7 +188,7 @@ impl Filesystem {
             }
             Ok(())
         })?;
-        w.new_chunk = true;
+        w.new_chunks.push((logical, length));
         self.tree_reader().volume().chunks.insert(logical, chunk)?;
         let mut group = BlockGroup {
             start: logical,

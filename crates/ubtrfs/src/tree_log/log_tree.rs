@@ -333,6 +333,25 @@ impl LogTree {
         self.subvols.get(&subvol).map(|l| &l.items)
     }
 
+    /// Whether a block of the log, or data a logged file extent names,
+    /// lies in one of `chunks` (logical start, length).
+    pub(crate) fn touches(&self, chunks: &[(u64, u64)]) -> bool {
+        let inside = |a: u64| chunks.iter().any(|&(s, l)| a >= s && a - s < l);
+        if self.blocks.iter().any(|&b| inside(b)) {
+            return true;
+        }
+        self.subvols.values().any(|l| {
+            l.items.iter().any(|(k, d)| {
+                k.item_type == EXTENT_DATA_KEY
+                    && crate::format::items::FileExtentItem::parse(d).map_or(true, |fe| {
+                        matches!(fe.body, crate::format::items::ExtentBody::Regular {
+                            disk_bytenr, ..
+                        } if disk_bytenr != 0 && inside(disk_bytenr))
+                    })
+            })
+        })
+    }
+
     /// Drop everything the log holds of inode `id`.
     pub(crate) fn forget(
         &mut self,

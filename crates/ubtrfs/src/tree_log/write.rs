@@ -88,13 +88,11 @@ impl Filesystem {
 
     /// Whether the log may take more metadata space: the commit that
     /// drops it must still find its reserve. Adds a metadata chunk when
-    /// the space runs low, as any change does. Never after a chunk was
-    /// added in the running transaction (see `Writer::new_chunk`).
+    /// the space runs low, as any change does.
     fn may_log(&self, w: &mut Writer) -> Result<bool> {
         self.reserve_metadata(w, false)?;
-        Ok(!w.new_chunk
-            && w.blocks.alloc.free_bytes(crate::alloc::SpaceKind::Metadata)
-                >= 2 * self.metadata_reserve())
+        Ok(w.blocks.alloc.free_bytes(crate::alloc::SpaceKind::Metadata)
+            >= 2 * self.metadata_reserve())
     }
 
     /// The root of subvolume `subvol` as the last commit left it, if it had
@@ -160,9 +158,12 @@ impl Filesystem {
             libc::S_IFDIR => true,
             _ => return Ok(false),
         };
-        // A chunk added meanwhile (the log's own blocks, a name's): the
-        // replay could not find it.
-        if !self.log_names(w, id, is_dir)? || w.new_chunk {
+        if !self.log_names(w, id, is_dir)? {
+            return Ok(false);
+        }
+        // A block of the log, or data it names, in a chunk added since
+        // the commit: the replay could not find it.
+        if !w.new_chunks.is_empty() && w.log.as_ref().is_some_and(|l| l.touches(&w.new_chunks)) {
             return Ok(false);
         }
         let Writer {

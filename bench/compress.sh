@@ -169,35 +169,7 @@ host_facts
 {
     echo "## Writing with compress=$ALGO (XFS: no compression)"
     echo
-    header="| workload |"
-    rule="|---|"
-    for t in $TARGETS; do
-        header+=" $t |"
-        rule+="---|"
-    done
-    for t in btrfs xfs; do
-        [[ -n ${ROW[ubtrfs]:-} && -n ${ROW[$t]:-} ]] || continue
-        header+=" ubtrfs / $t |"
-        rule+="---|"
-    done
-    echo "$header"
-    echo "$rule"
-    i=0
-    for w in "stream (MiB/s)" "space used (MiB)" "4 KiB write + fsync beside a stream (IOPS)" "fsync p99 (ms)"; do
-        line="| $w |"
-        for t in $TARGETS; do
-            read -r -a v <<<"${ROW[$t]}"
-            line+=" ${v[$i]} |"
-        done
-        for t in btrfs xfs; do
-            [[ -n ${ROW[ubtrfs]:-} && -n ${ROW[$t]:-} ]] || continue
-            read -r -a u <<<"${ROW[ubtrfs]}"
-            read -r -a v <<<"${ROW[$t]}"
-            line+=" $(ratio "${u[$i]}" "${v[$i]}") |"
-        done
-        echo "$line"
-        i=$((i + 1))
-    done
+    ratio_table "%s" "stream (MiB/s)" "space used (MiB)" "4 KiB write + fsync beside a stream (IOPS)" "fsync p99 (ms)"
     echo
     echo "stream: $SIZE MiB (every other 128 KiB text, the rest random) in 1 MiB writes + fsync,"
     echo "from the page cache; fsync: 4 KiB random writes + fsync into a 64 MiB file for $RUNTIME s"

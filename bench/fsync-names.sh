@@ -178,35 +178,8 @@ host_facts
 {
     echo "## fsync after changes of names (ops/s, p99 in ms; $RUNTIME s each$( ((STREAM)) && echo ", another file streaming"))"
     echo
-    header="| workload |"
-    rule="|---|"
-    for t in $TARGETS; do
-        header+=" $t ops/s | $t p99 ms |"
-        rule+="---|---|"
-    done
-    for t in btrfs xfs; do
-        [[ -n ${ROW[ubtrfs]:-} && -n ${ROW[$t]:-} ]] || continue
-        header+=" ubtrfs / $t |"
-        rule+="---|"
-    done
-    echo "$header"
-    echo "$rule"
-    i=0
-    for w in $WORKLOADS; do
-        line="| $w |"
-        for t in $TARGETS; do
-            read -r -a v <<<"${ROW[$t]}"
-            line+=" ${v[$((2 * i))]} | ${v[$((2 * i + 1))]} |"
-        done
-        for t in btrfs xfs; do
-            [[ -n ${ROW[ubtrfs]:-} && -n ${ROW[$t]:-} ]] || continue
-            read -r -a u <<<"${ROW[ubtrfs]}"
-            read -r -a v <<<"${ROW[$t]}"
-            line+=" $(ratio "${u[$((2 * i))]}" "${v[$((2 * i))]}") |"
-        done
-        echo "$line"
-        i=$((i + 1))
-    done
+    # shellcheck disable=SC2086 # one label per workload
+    ratio_table "%s ops/s|%s p99 ms" $WORKLOADS
     echo
     echo "One op: replace = write + fsync + rename + directory fsync; create = create + write +"
     echo "fsync + directory fsync; move = create + write + fsync in tmp/, rename into new/,"

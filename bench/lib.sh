@@ -185,3 +185,47 @@ unmount_target() { # target
 ratio() { # ubtrfs-value other-value
     python3 -c 'import sys; a, b = map(float, sys.argv[1:]); print("%.2f" % (a / b) if b else "n/a")' "$1" "$2"
 }
+
+# A Markdown table of per-target results with ubtrfs' ratios to btrfs and
+# xfs. ROW (an associative array the caller declares) maps each target in
+# TARGETS to its values, space-separated: COLS per workload, workload
+# after workload. The first argument names those COLS columns, split by
+# "|" ("%s" stands for the target); the ratio compares each workload's
+# first value.
+ratio_table() { # "heading|heading..." workload-label...
+    local -a columns
+    IFS='|' read -r -a columns <<<"$1"
+    shift
+    local cols=${#columns[@]} header="| workload |" rule="|---|" line t c i=0
+    local -a u v
+    for t in $TARGETS; do
+        for c in "${columns[@]}"; do
+            header+=" ${c//%s/$t} |"
+            rule+="---|"
+        done
+    done
+    for t in btrfs xfs; do
+        [[ -n ${ROW[ubtrfs]:-} && -n ${ROW[$t]:-} ]] || continue
+        header+=" ubtrfs / $t |"
+        rule+="---|"
+    done
+    echo "$header"
+    echo "$rule"
+    for w in "$@"; do
+        line="| $w |"
+        for t in $TARGETS; do
+            read -r -a v <<<"${ROW[$t]}"
+            for ((c = 0; c < cols; c++)); do
+                line+=" ${v[$((cols * i + c))]} |"
+            done
+        done
+        for t in btrfs xfs; do
+            [[ -n ${ROW[ubtrfs]:-} && -n ${ROW[$t]:-} ]] || continue
+            read -r -a u <<<"${ROW[ubtrfs]}"
+            read -r -a v <<<"${ROW[$t]}"
+            line+=" $(ratio "${u[$((cols * i))]}" "${v[$((cols * i))]}") |"
+        done
+        echo "$line"
+        i=$((i + 1))
+    done
+}

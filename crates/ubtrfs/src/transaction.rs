@@ -363,6 +363,9 @@ pub struct Writer {
     backup_slot: usize,
     /// Compression of new extents (the `compress` mount option).
     pub(crate) compress: Option<(crate::data::compression::Compression, Option<i32>)>,
+    /// Try to compress every extent, even data that looks incompressible
+    /// (`compress-force`).
+    pub(crate) compress_force: bool,
     /// How data checksums are computed.
     pub(crate) csum_mode: crate::data::ordered::CsumMode,
     /// Measured costs that steer the `auto` checksum mode.
@@ -563,6 +566,7 @@ impl Filesystem {
             next_index: HashMap::new(),
             fst_written: HashMap::new(),
             compress: None,
+            compress_force: false,
             csum_mode: Default::default(),
             csum_stats: Default::default(),
             log: None,

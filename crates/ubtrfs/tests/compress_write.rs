@@ -130,3 +130,94 @@ fn each_algorithm_round_trips_through_the_kernel() {
         );
     }
 }
+
+/// `compress` writes data that looks incompressible plain without trying
+/// it, as one extent (the kernel writes a 4 MiB random file as one plain
+/// extent too); `compress-force` tries every piece, so data that only
+/// looks random (a 48 KiB random block over and over) is compressed.
+#[test]
+fn compress_skips_what_looks_incompressible_and_compress_force_tries_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("d.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(300 << 20)
+        .unwrap();
+    let out = Command::new("mkfs.btrfs")
+        .args(["-q", "-f"])
+        .arg(&img)
+        .output()
+        .expect("mkfs.btrfs runs");
+    assert!(out.status.success());
+    let random = noise(21, 4 << 20);
+    let echo: Vec<u8> = noise(22, 48 << 10)
+        .into_iter()
+        .cycle()
+        .take(1 << 20)
+        .collect();
+    let new = NewInode {
+        mode: libc::S_IFREG | 0o644,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+    };
+    let mut files = Vec::new();
+    {
+        let fs = Filesystem::open_read_write(&[&img]).unwrap();
+        fs.set_compression(Some((Compression::Zstd, None))).unwrap();
+        for force in [false, true] {
+            fs.set_compress_force(force).unwrap();
+            for (name, data) in [("random", &random), ("echo", &echo)] {
+                let name = format!("{name}-{}", if force { "force" } else { "compress" });
+                let id = fs.create(fs.root(), name.as_bytes(), new).unwrap().id;
+                fs.write(id, 0, data).unwrap();
+                files.push((name, data.clone()));
+            }
+            fs.commit().unwrap();
+        }
+        let kinds = |name: &str| compressions(&fs, fs.resolve_path(name.as_bytes()).unwrap());
+        assert_eq!(kinds("/random-compress"), vec![0], "one plain extent");
+        assert_eq!(
+            kinds("/random-force"),
+            vec![0],
+            "tried, still one plain extent"
+        );
+        assert_eq!(kinds("/echo-compress"), vec![0], "looks random: not tried");
+        let forced = kinds("/echo-force");
+        assert!(
+            forced.len() == 8 && forced.iter().all(|&c| c == 3),
+            "compress-force compresses the echo: {forced:?}"
+        );
+        for (name, data) in &files {
+            let id = fs.resolve_path(format!("/{name}").as_bytes()).unwrap();
+            assert!(&fs.read_all(id).unwrap() == data, "ubtrfs reads {name}");
+        }
+    }
+    let out = Command::new("btrfs")
+        .args(["check", "--readonly", "--check-data-csum"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    assert!(
+        Command::new("mount")
+            .args(["-o", "ro,loop"])
+            .arg(&img)
+            .arg(&mnt)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let same: Vec<bool> = files
+        .iter()
+        .map(|(n, d)| &std::fs::read(mnt.join(n)).unwrap() == d)
+        .collect();
+    assert!(Command::new("umount").arg(&mnt).status().unwrap().success());
+    assert_eq!(same, vec![true; 4], "the kernel reads what ubtrfs wrote");
+}

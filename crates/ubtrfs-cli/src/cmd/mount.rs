@@ -84,6 +84,9 @@ struct Settings {
     csum_mode: Option<CsumMode>,
     /// Compression of new extents (`compress=`, `compress-force=`).
     compress: Option<(Compression, Option<i32>)>,
+    /// `compress-force`: try every extent, even data that looks
+    /// incompressible.
+    compress_force: bool,
     /// Flags of new regular files (`nodatacow`, `nodatasum`).
     new_file_flags: u64,
     /// The subvolume to mount (`subvol=`, `subvolid=`).
@@ -171,6 +174,7 @@ fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<(Config, Settings)> 
     let mut commit_secs = DEFAULT_COMMIT_SECS;
     let mut csum_mode = None;
     let mut compress = None;
+    let mut compress_force = false;
     let (mut nodatacow, mut nodatasum) = (false, false);
     let mut subvol: Option<SubvolChoice> = None;
     for opt in args.options.iter().flat_map(|o| o.split(',')) {
@@ -243,18 +247,22 @@ fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<(Config, Settings)> 
                     csum_mode = Some(parse_csum_mode(v)?);
                     continue;
                 }
-                // compress-force compresses every extent; compress also
-                // writes plain what does not shrink, which the library does
-                // per extent for both.
-                if let Some(v) = o
-                    .strip_prefix("compress-force=")
-                    .or_else(|| o.strip_prefix("compress="))
-                {
+                // compress-force tries every extent; compress skips data
+                // that looks incompressible. Both write plain what does
+                // not shrink.
+                if let Some(v) = o.strip_prefix("compress-force=") {
                     compress = parse_compress(v)?;
+                    compress_force = true;
+                    continue;
+                }
+                if let Some(v) = o.strip_prefix("compress=") {
+                    compress = parse_compress(v)?;
+                    compress_force = false;
                     continue;
                 }
                 if o == "compress" || o == "compress-force" {
                     compress = Some((Compression::Zlib, None));
+                    compress_force = o == "compress-force";
                     continue;
                 }
                 if let Some(p) = o.strip_prefix("subvol=") {
@@ -336,6 +344,7 @@ fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<(Config, Settings)> 
         commit_interval: Duration::from_secs(commit_secs),
         csum_mode,
         compress,
+        compress_force,
         new_file_flags,
         subvol,
     };
@@ -451,6 +460,8 @@ fn serve(
                     .context("cannot set the checksum mode")?;
             }
             fs.set_compression(settings.compress)
+                .context("cannot set compression")?;
+            fs.set_compress_force(settings.compress_force)
                 .context("cannot set compression")?;
         }
         let opts = crate::fuse::Options {

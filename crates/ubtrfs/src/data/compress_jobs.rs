@@ -11,6 +11,7 @@
 //! start: whatever writes the file back without it does what it would
 //! have done anyway.
 
+use super::compress_heuristic::looks_incompressible;
 use super::compression::{Compression, compress};
 use crate::Result;
 use crate::format::consts::MAX_COMPRESSED_RAM;
@@ -39,18 +40,28 @@ pub(crate) struct Compressed {
     pub pieces: Vec<Piece>,
 }
 
+/// How a range is compressed: the algorithm, its level, and whether every
+/// piece is tried (`compress-force`) or only pieces that do not look
+/// incompressible ([`super::compress_heuristic`], the `compress` option).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CompressWith {
+    pub kind: Compression,
+    pub level: Option<i32>,
+    pub force: bool,
+}
+
 /// Most threads one range is compressed on.
 const MAX_WORKERS: usize = 8;
 
 /// Compress `data`, the file's bytes from `offset`, in pieces of at most
 /// 128 KiB of file data (the kernel's largest compressed extent), the
 /// pieces spread over the machine's CPUs; at a lower CPU priority if
-/// `background` (a job nobody waits for yet).
+/// `background` (a job nobody waits for yet). Neighbouring pieces that
+/// stay plain become one piece: one extent, as the kernel writes them.
 pub(crate) fn compress_range(
     data: &[u8],
     offset: u64,
-    kind: Compression,
-    level: Option<i32>,
+    with: CompressWith,
     sectorsize: u32,
     background: bool,
 ) -> Result<Compressed> {
@@ -61,10 +72,15 @@ pub(crate) fn compress_range(
         .min(chunks.len());
     let one = |c: &[u8]| -> Result<Option<Vec<u8>>> {
         let ss = sectorsize as usize;
-        Ok(compress(kind, level, c, sectorsize)?.map(|mut z| {
-            z.resize(z.len().div_ceil(ss) * ss, 0);
-            z
-        }))
+        if !with.force && looks_incompressible(c) {
+            return Ok(None);
+        }
+        Ok(
+            compress(with.kind, with.level, c, sectorsize)?.map(|mut z| {
+                z.resize(z.len().div_ceil(ss) * ss, 0);
+                z
+            }),
+        )
     };
     let results: Vec<Result<Option<Vec<u8>>>> = if workers <= 1 {
         chunks.iter().map(|c| one(c)).collect()
@@ -116,10 +132,18 @@ pub(crate) fn compress_range(
         let kind = match r? {
             Some(z) => {
                 out.data.extend_from_slice(&z);
-                kind
+                with.kind
             }
             None => {
                 out.data.extend_from_slice(chunk);
+                if let Some(last) = out.pieces.last_mut()
+                    && last.kind == Compression::None
+                    && last.file_offset + last.ram_len == file_offset
+                {
+                    last.disk_len += chunk.len();
+                    last.ram_len += chunk.len() as u64;
+                    continue;
+                }
                 Compression::None
             }
         };
@@ -211,8 +235,7 @@ impl CompressJobs {
         id: InodeId,
         offset: u64,
         input: Vec<u8>,
-        kind: Compression,
-        level: Option<i32>,
+        with: CompressWith,
         sectorsize: u32,
     ) -> bool {
         let input = Arc::new(input);
@@ -241,7 +264,7 @@ impl CompressJobs {
                 // Whatever happens, the job ends: fsync and commit wait
                 // for it.
                 let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    compress_range(&input, offset, kind, level, sectorsize, true)
+                    compress_range(&input, offset, with, sectorsize, true)
                 }))
                 .unwrap_or_else(|_| Err(crate::Error::Invalid("compressing panicked".into())));
                 // The job's buffer is then the taker's alone, to reuse.
@@ -368,7 +391,18 @@ mod tests {
             .collect();
         data.extend_from_slice(&noise);
         data.resize(data.len().div_ceil(4096) * 4096, 0);
-        let c = compress_range(&data, 1 << 20, Compression::Zstd, None, 4096, false).unwrap();
+        for force in [false, true] {
+            let with = CompressWith {
+                kind: Compression::Zstd,
+                level: None,
+                force,
+            };
+            check_pieces(&data, with);
+        }
+    }
+
+    fn check_pieces(data: &[u8], with: CompressWith) {
+        let c = compress_range(data, 1 << 20, with, 4096, false).unwrap();
         let mut back = Vec::new();
         let mut next = 1u64 << 20;
         for p in &c.pieces {
@@ -387,6 +421,50 @@ mod tests {
         assert_eq!(back, data);
         assert!(c.pieces.iter().any(|p| p.kind == Compression::Zstd));
         assert!(c.pieces.iter().any(|p| p.kind == Compression::None));
+        // Plain neighbours are one extent; compressed pieces hold at most
+        // 128 KiB of the file.
+        for pair in c.pieces.windows(2) {
+            assert!(pair[0].kind != Compression::None || pair[1].kind != Compression::None);
+        }
+        for p in &c.pieces {
+            assert!(p.kind == Compression::None || p.ram_len <= MAX_COMPRESSED_RAM);
+        }
+    }
+
+    /// Random data is one plain piece, compressed or not as `force` says
+    /// only in the work spent: the result is the same.
+    #[test]
+    fn random_data_is_one_plain_piece() {
+        let mut x = 9u64;
+        let noise: Vec<u8> = (0..(1usize << 20))
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 32) as u8
+            })
+            .collect();
+        for force in [false, true] {
+            let with = CompressWith {
+                kind: Compression::Zstd,
+                level: None,
+                force,
+            };
+            let c = compress_range(&noise, 0, with, 4096, false).unwrap();
+            assert_eq!(c.pieces.len(), 1, "force {force}");
+            assert_eq!(c.pieces[0].kind, Compression::None);
+            assert_eq!(c.pieces[0].ram_len, 1 << 20);
+            assert_eq!(c.pieces[0].disk_len, 1 << 20);
+            assert_eq!(c.data, noise);
+        }
+    }
+
+    fn with(kind: Compression) -> CompressWith {
+        CompressWith {
+            kind,
+            level: None,
+            force: false,
+        }
     }
 
     #[test]
@@ -401,8 +479,8 @@ mod tests {
             ino: 258,
         };
         let text = b"abcdefgh".repeat(64 * 1024);
-        assert!(jobs.submit(a, 0, text.clone(), Compression::Zlib, None, 4096));
-        assert!(jobs.submit(b, 4096, text.clone(), Compression::Lzo, None, 4096));
+        assert!(jobs.submit(a, 0, text.clone(), with(Compression::Zlib), 4096));
+        assert!(jobs.submit(b, 4096, text.clone(), with(Compression::Lzo), 4096));
         assert_eq!(jobs.held(), 2 * text.len() as u64);
         assert_eq!(jobs.covered(b), vec![(4096, text.len() as u64)]);
         let got = jobs.take(Some(b), true);

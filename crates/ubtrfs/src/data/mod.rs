@@ -2,6 +2,7 @@
 //! verify every sector against the checksum tree.
 
 mod clone;
+pub mod compress_heuristic;
 pub(crate) mod compress_jobs;
 pub mod compression;
 mod csum_pool;

@@ -596,6 +596,15 @@ impl Filesystem {
         Ok(())
     }
 
+    /// Whether compression tries every new extent (`compress-force`), or
+    /// writes data that looks incompressible plain without trying (the
+    /// default, `compress`). Either way an extent that does not shrink
+    /// by a sector is written plain.
+    pub fn set_compress_force(&self, force: bool) -> Result<()> {
+        self.writer()?.compress_force = force;
+        Ok(())
+    }
+
     /// Choose how data checksums are computed.
     pub fn set_csum_mode(&self, mode: CsumMode) -> Result<()> {
         self.writer()?.csum_mode = mode;

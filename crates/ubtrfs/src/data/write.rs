@@ -7,7 +7,7 @@
 //! Every commit writes back all dirty data first, so a committed inode
 //! never records a size its extents do not back.
 
-use super::compress_jobs::{Compressed, compress_range};
+use super::compress_jobs::{CompressWith, Compressed, compress_range};
 use super::compression::Compression;
 use super::delalloc::DirtyRun;
 use super::ordered::OrderedExtent;
@@ -171,10 +171,10 @@ impl Filesystem {
         let ss = self.geometry().sectorsize as u64;
         let ids = self.delalloc().inodes();
         for id in ids {
-            if let Some((kind, level)) = self.compression_for(w, id)?
+            if let Some(with) = self.compression_for(w, id)?
                 && self.inode_item(id)?.size > MAX_INLINE
             {
-                self.queue_compression(w, id, kind, level)?;
+                self.queue_compression(w, id, with)?;
                 continue;
             }
             let mut runs = {
@@ -192,13 +192,7 @@ impl Filesystem {
     /// of a stretch that ends at the end of the file (a stream will
     /// likely fill it). Stretches shorter than a compressed extent are
     /// written back here and now: jobs are for streams.
-    fn queue_compression(
-        &self,
-        w: &mut Writer,
-        id: InodeId,
-        kind: Compression,
-        level: Option<i32>,
-    ) -> Result<()> {
+    fn queue_compression(&self, w: &mut Writer, id: InodeId, with: CompressWith) -> Result<()> {
         let ss = self.geometry().sectorsize as u64;
         let size = self.inode_item(id)?.size;
         let covered = self.compress_jobs.covered(id);
@@ -242,14 +236,10 @@ impl Filesystem {
                 if !self.delalloc().copy_range_into(id, at, n, &mut bytes) {
                     break;
                 }
-                if !self.compress_jobs.submit(
-                    id,
-                    at,
-                    bytes,
-                    kind,
-                    level,
-                    self.geometry().sectorsize,
-                ) {
+                if !self
+                    .compress_jobs
+                    .submit(id, at, bytes, with, self.geometry().sectorsize)
+                {
                     small.push((at, end));
                     break;
                 }
@@ -501,9 +491,9 @@ impl Filesystem {
         data: &mut Vec<u8>,
         background: bool,
     ) -> Result<()> {
-        if let Some((kind, level)) = self.compression_for(w, id)? {
+        if let Some(with) = self.compression_for(w, id)? {
             let ss = self.geometry().sectorsize;
-            let c = compress_range(data, offset, kind, level, ss, false)?;
+            let c = compress_range(data, offset, with, ss, false)?;
             if self.place_compressed(w, id, offset, data.len() as u64, c, background)? {
                 *data = Vec::new();
                 return Ok(());
@@ -572,20 +562,21 @@ impl Filesystem {
     /// How new extents of `id` are compressed, if at all: the inode's
     /// no-compress flag wins, then the filesystem's setting (the mount
     /// option), then the inode's compress flag (zlib, as the kernel's default).
-    fn compression_for(
-        &self,
-        w: &Writer,
-        id: InodeId,
-    ) -> Result<Option<(Compression, Option<i32>)>> {
+    fn compression_for(&self, w: &Writer, id: InodeId) -> Result<Option<CompressWith>> {
         let flags = self.inode_item(id)?.flags;
         if flags & (INODE_NOCOMPRESS | INODE_NODATACOW | INODE_NODATASUM) != 0 {
             return Ok(None);
         }
-        Ok(match w.compress {
-            Some(c) => Some(c),
-            None if flags & INODE_COMPRESS != 0 => Some((Compression::Zlib, None)),
-            None => None,
-        })
+        let (kind, level) = match w.compress {
+            Some(c) => c,
+            None if flags & INODE_COMPRESS != 0 => (Compression::Zlib, None),
+            None => return Ok(None),
+        };
+        Ok(Some(CompressWith {
+            kind,
+            level,
+            force: w.compress_force,
+        }))
     }
 
     /// Put `c`, the compressed form of the `len` file bytes at `offset`

@@ -88,6 +88,9 @@ struct SubvolLog {
     /// Data sectors whose checksums the log holds, with how many logged
     /// file extent items need each.
     sectors: BTreeMap<u64, u32>,
+    /// Where the data of logged file extents (regular and preallocated)
+    /// starts on disk, with how many logged items name each.
+    extents: BTreeMap<u64, u32>,
 }
 
 /// Checksum items cover at most this many sectors and never cross a
@@ -217,6 +220,7 @@ impl LogTree {
                         items: ItemMap::new(),
                         csums: ItemMap::new(),
                         sectors: BTreeMap::new(),
+                        extents: BTreeMap::new(),
                     })
                 }
             };
@@ -241,6 +245,21 @@ impl LogTree {
                 }
                 ed.put(&mut log.root, k, v.clone())?;
                 changes.push((k, have.insert(k, v.clone()), Some(v)));
+            }
+            for (k, old, new) in &changes {
+                if k.item_type != EXTENT_DATA_KEY {
+                    continue;
+                }
+                for (data, d) in [(old, -1i64), (new, 1)] {
+                    let Some(at) = data.as_deref().map(extent_start).transpose()?.flatten() else {
+                        continue;
+                    };
+                    let n = log.extents.entry(at).or_insert(0);
+                    *n = (*n as i64 + d).max(0) as u32;
+                    if *n == 0 {
+                        log.extents.remove(&at);
+                    }
+                }
             }
             Ok(changes)
         })?;
@@ -336,19 +355,12 @@ impl LogTree {
     /// Whether a block of the log, or data a logged file extent names,
     /// lies in one of `chunks` (logical start, length).
     pub(crate) fn touches(&self, chunks: &[(u64, u64)]) -> bool {
-        let inside = |a: u64| chunks.iter().any(|&(s, l)| a >= s && a - s < l);
-        if self.blocks.iter().any(|&b| inside(b)) {
-            return true;
-        }
-        self.subvols.values().any(|l| {
-            l.items.iter().any(|(k, d)| {
-                k.item_type == EXTENT_DATA_KEY
-                    && crate::format::items::FileExtentItem::parse(d).map_or(true, |fe| {
-                        matches!(fe.body, crate::format::items::ExtentBody::Regular {
-                            disk_bytenr, ..
-                        } if disk_bytenr != 0 && inside(disk_bytenr))
-                    })
-            })
+        chunks.iter().any(|&(s, l)| {
+            self.blocks.range(s..s.saturating_add(l)).next().is_some()
+                || self
+                    .subvols
+                    .values()
+                    .any(|log| log.extents.range(s..s.saturating_add(l)).next().is_some())
         })
     }
 
@@ -503,6 +515,16 @@ pub(crate) type Change = (Key, Option<Vec<u8>>, Option<Vec<u8>>);
 /// The disk range whose checksums a replay of file extent item `data`
 /// looks up: the referenced part of a plain extent, all of a compressed
 /// one; none for holes, inline and preallocated extents.
+/// Where the data a file extent item names starts on disk (regular and
+/// preallocated extents; holes and inline data have none).
+fn extent_start(data: &[u8]) -> Result<Option<u64>> {
+    use crate::format::items::{ExtentBody, FileExtentItem};
+    Ok(match FileExtentItem::parse(data)?.body {
+        ExtentBody::Regular { disk_bytenr, .. } if disk_bytenr != 0 => Some(disk_bytenr),
+        _ => None,
+    })
+}
+
 fn csum_range(data: &[u8]) -> Result<Option<(u64, u64)>> {
     use crate::format::items::{ExtentBody, FileExtentItem};
     let fe = FileExtentItem::parse(data)?;

@@ -366,6 +366,9 @@ pub struct Writer {
     /// Try to compress every extent, even data that looks incompressible
     /// (`compress-force`).
     pub(crate) compress_force: bool,
+    /// Whole dirty runs are lent to compression jobs, not copied (off
+    /// only in tests of the copying path).
+    pub(crate) lend_runs: bool,
     /// How data checksums are computed.
     pub(crate) csum_mode: crate::data::ordered::CsumMode,
     /// Measured costs that steer the `auto` checksum mode.
@@ -567,6 +570,7 @@ impl Filesystem {
             fst_written: HashMap::new(),
             compress: None,
             compress_force: false,
+            lend_runs: true,
             csum_mode: Default::default(),
             csum_stats: Default::default(),
             log: None,

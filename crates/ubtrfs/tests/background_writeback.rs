@@ -434,7 +434,7 @@ fn a_compressed_stream_is_compressed_and_written_in_the_background() {
 /// `btrfs check` verifies every data checksum, the kernel reads the model.
 #[test]
 fn random_operations_over_data_in_flight_match_a_model() {
-    random_operations("bg-writeback-model", None);
+    random_operations("bg-writeback-model", None, true);
 }
 
 /// The same with zstd: much of the data is in compression jobs when the
@@ -444,16 +444,33 @@ fn random_operations_over_data_being_compressed_match_a_model() {
     random_operations(
         "bg-writeback-model-zstd",
         Some(ubtrfs::data::compression::Compression::Zstd),
+        true,
     );
 }
 
-fn random_operations(name: &str, compression: Option<ubtrfs::data::compression::Compression>) {
+/// The same with jobs that copy the dirty data instead of sharing whole
+/// runs (what they do with parts of runs).
+#[test]
+fn random_operations_over_copies_being_compressed_match_a_model() {
+    random_operations(
+        "bg-writeback-model-zstd-copied",
+        Some(ubtrfs::data::compression::Compression::Zstd),
+        false,
+    );
+}
+
+fn random_operations(
+    name: &str,
+    compression: Option<ubtrfs::data::compression::Compression>,
+    lend_runs: bool,
+) {
     const MAX_SIZE: u64 = 48 << 20;
     let dir = testkit::TestDir::new(name).unwrap();
     let img = mkfs(dir.path());
     let dev = Gated::new(&img);
     let fs = open(&dev);
     fs.set_compression(compression.map(|c| (c, None))).unwrap();
+    fs.set_lend_runs(lend_runs).unwrap();
     let ss = u64::from(fs.geometry().sectorsize);
     let ids: Vec<InodeId> = (0..3)
         .map(|i| {

@@ -227,18 +227,17 @@ pub(crate) struct CompressJobs {
 }
 
 impl CompressJobs {
-    /// Compress `input`, the dirty bytes of `id` at `offset`, on a thread
-    /// of its own. False if no thread could be started (the bytes stay
+    /// Compress `input`, the dirty bytes of `id` at `offset` (a copy, or
+    /// a run lent by [`super::delalloc`]), on a thread of its own. False if no thread could be started (the bytes stay
     /// dirty and are compressed at writeback as before).
     pub fn submit(
         &self,
         id: InodeId,
         offset: u64,
-        input: Vec<u8>,
+        input: Arc<Vec<u8>>,
         with: CompressWith,
         sectorsize: u32,
     ) -> bool {
-        let input = Arc::new(input);
         let len = input.len() as u64;
         // Registered before the thread starts: it finds its job.
         let seq = {
@@ -479,8 +478,14 @@ mod tests {
             ino: 258,
         };
         let text = b"abcdefgh".repeat(64 * 1024);
-        assert!(jobs.submit(a, 0, text.clone(), with(Compression::Zlib), 4096));
-        assert!(jobs.submit(b, 4096, text.clone(), with(Compression::Lzo), 4096));
+        assert!(jobs.submit(a, 0, Arc::new(text.clone()), with(Compression::Zlib), 4096));
+        assert!(jobs.submit(
+            b,
+            4096,
+            Arc::new(text.clone()),
+            with(Compression::Lzo),
+            4096
+        ));
         assert_eq!(jobs.held(), 2 * text.len() as u64);
         assert_eq!(jobs.covered(b), vec![(4096, text.len() as u64)]);
         let got = jobs.take(Some(b), true);

@@ -4,18 +4,21 @@
 //!
 //! A run grows in place as writes extend it, so a streaming writer costs
 //! one copy into memory, and writeback takes the runs out without copying
-//! them again.
+//! them again. A whole run can be lent to a compression job without a
+//! copy: a run is shared, and a change to a shared run copies it first,
+//! so what the job holds never changes under it.
 
 use super::write::MAX_EXTENT;
 use crate::fs::InodeId;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// Dirty sectors of every inode.
 #[derive(Debug, Default)]
 pub struct Delalloc {
     /// Per inode: runs by the index of their first sector. Runs never
     /// overlap; adjacent ones may stay apart (a run only grows at its end).
-    files: BTreeMap<InodeId, BTreeMap<u64, Vec<u8>>>,
+    files: BTreeMap<InodeId, BTreeMap<u64, Arc<Vec<u8>>>>,
     bytes: u64,
     /// Sector size, learnt from the first sector stored.
     sectorsize: u64,
@@ -73,10 +76,10 @@ impl Delalloc {
     }
 
     /// The run of `id` holding sector `index`, as (first sector, bytes).
-    fn run_of(&self, id: InodeId, index: u64) -> Option<(u64, &Vec<u8>)> {
+    fn run_of(&self, id: InodeId, index: u64) -> Option<(u64, &[u8])> {
         let ss = self.sectorsize;
         let (&start, run) = self.files.get(&id)?.range(..=index).next_back()?;
-        ((index - start) * ss < run.len() as u64).then_some((start, run))
+        ((index - start) * ss < run.len() as u64).then_some((start, &run[..]))
     }
 
     /// The dirty sector `index` of `id`, if any.
@@ -121,7 +124,8 @@ impl Delalloc {
                 Some((&start, run)) if ((idx - start) as usize) * ss < run.len() => {
                     let at = (idx - start) as usize * ss;
                     let k = ((run.len() - at) / ss).min(n - i);
-                    run[at..at + k * ss].copy_from_slice(&data[i * ss..(i + k) * ss]);
+                    Arc::make_mut(run)[at..at + k * ss]
+                        .copy_from_slice(&data[i * ss..(i + k) * ss]);
                     i += k;
                     continue;
                 }
@@ -132,6 +136,7 @@ impl Delalloc {
                 {
                     let k = gap.min((max - run.len()) / ss);
                     let add = &data[i * ss..(i + k) * ss];
+                    let run = Arc::make_mut(run);
                     if run.capacity() - run.len() < add.len() && run.len() >= LONG_RUN {
                         // A stream: room for the whole extent at once, not
                         // a copy per doubling; a spare buffer if there is one.
@@ -159,7 +164,7 @@ impl Delalloc {
                             add.to_vec()
                         }
                     };
-                    file.insert(idx, run);
+                    file.insert(idx, Arc::new(run));
                     (idx, k)
                 }
             };
@@ -175,17 +180,20 @@ impl Delalloc {
             };
             if fits && let Some(next) = file.remove(&end) {
                 if let Some(run) = file.get_mut(&start) {
-                    run.extend_from_slice(&next);
+                    Arc::make_mut(run).extend_from_slice(&next);
                 }
-                keep_spare(spare, next, max);
+                if let Ok(next) = Arc::try_unwrap(next) {
+                    keep_spare(spare, next, max);
+                }
             }
         }
     }
 
-    /// Keep `buf`, the buffer of a run that was written, for a new run.
-    pub fn recycle(&mut self, buf: Vec<u8>) {
+    /// Keep `buf`, the buffer of a run that was written, for a new run;
+    /// gives it back if it is not kept.
+    pub fn recycle(&mut self, buf: Vec<u8>) -> Option<Vec<u8>> {
         let max = self.max_run() as usize;
-        keep_spare(&mut self.spare, buf, max);
+        keep_spare(&mut self.spare, buf, max)
     }
 
     /// Give the spare buffers' memory back.
@@ -223,7 +231,7 @@ impl Delalloc {
         };
         let runs = f.iter().map(|(&idx, run)| DirtyRun {
             offset: idx * sectorsize,
-            data: run.clone(),
+            data: run.to_vec(),
         });
         join_and_cut(runs, max)
     }
@@ -249,7 +257,7 @@ impl Delalloc {
             .into_iter()
             .map(|(idx, data)| DirtyRun {
                 offset: idx * sectorsize,
-                data,
+                data: Arc::unwrap_or_clone(data),
             })
             .collect();
         self.bytes -= runs.iter().map(|r| r.data.len() as u64).sum::<u64>();
@@ -272,9 +280,33 @@ impl Delalloc {
         self.for_each_piece(id, offset, len, |piece| out.extend_from_slice(piece))
     }
 
+    /// The run of `id` that starts at `offset` and is `len` bytes long,
+    /// shared: lent to a compression job without a copy.
+    pub fn lend_run(&self, id: InodeId, offset: u64, len: u64) -> Option<Arc<Vec<u8>>> {
+        let ss = self.sectorsize;
+        if ss == 0 || !offset.is_multiple_of(ss) {
+            return None;
+        }
+        let run = self.files.get(&id)?.get(&(offset / ss))?;
+        (run.len() as u64 == len).then(|| Arc::clone(run))
+    }
+
     /// Whether the dirty bytes of `id` from `offset` (sector-aligned) on
     /// are `data`, every one of them dirty.
     pub fn matches(&self, id: InodeId, offset: u64, data: &[u8]) -> bool {
+        // A lent run still in place is the same bytes: a change would
+        // have copied it.
+        if self.sectorsize > 0
+            && offset.is_multiple_of(self.sectorsize)
+            && let Some(run) = self
+                .files
+                .get(&id)
+                .and_then(|f| f.get(&(offset / self.sectorsize)))
+            && std::ptr::eq(run.as_ptr(), data.as_ptr())
+            && run.len() == data.len()
+        {
+            return true;
+        }
         let mut at = 0;
         let mut same = true;
         let whole = self.for_each_piece(id, offset, data.len() as u64, |piece| {
@@ -328,7 +360,7 @@ impl Delalloc {
         let first = file.range(..=lo).next_back().map_or(lo, |(&k, _)| k);
         let keys: Vec<u64> = file.range(first..hi).map(|(&k, _)| k).collect();
         for k in keys {
-            let Some(mut run) = file.remove(&k) else {
+            let Some(run) = file.remove(&k) else {
                 continue;
             };
             let n = run.len() as u64 / ss;
@@ -337,14 +369,26 @@ impl Delalloc {
                 continue;
             }
             let (cut_lo, cut_hi) = (lo.max(k), hi.min(k + n));
-            let tail = run.split_off(((cut_hi - k) * ss) as usize);
-            run.truncate(((cut_lo - k) * ss) as usize);
             self.bytes -= (cut_hi - cut_lo) * ss;
-            if !tail.is_empty() {
-                file.insert(cut_hi, tail);
+            if cut_lo == k && cut_hi == k + n {
+                // The whole run: nothing to copy.
+                continue;
             }
-            if !run.is_empty() {
-                file.insert(k, run);
+            let (head_end, tail_at) = (((cut_lo - k) * ss) as usize, ((cut_hi - k) * ss) as usize);
+            let (head, tail) = match Arc::try_unwrap(run) {
+                Ok(mut run) => {
+                    let tail = run.split_off(tail_at);
+                    run.truncate(head_end);
+                    (run, tail)
+                }
+                // Shared (lent): copy only what stays.
+                Err(run) => (run[..head_end].to_vec(), run[tail_at..].to_vec()),
+            };
+            if !tail.is_empty() {
+                file.insert(cut_hi, Arc::new(tail));
+            }
+            if !head.is_empty() {
+                file.insert(k, Arc::new(head));
             }
         }
         if file.is_empty() {
@@ -364,7 +408,11 @@ impl Delalloc {
             let keep = (from_index - start) as usize * ss;
             if run.len() > keep {
                 freed += (run.len() - keep) as u64;
-                run.truncate(keep);
+                match Arc::get_mut(run) {
+                    Some(r) => r.truncate(keep),
+                    // Shared (lent): copy only what stays.
+                    None => *run = Arc::new(run[..keep].to_vec()),
+                }
             }
         }
         self.bytes -= freed;
@@ -379,12 +427,15 @@ impl Delalloc {
     }
 }
 
-/// Keep `buf` among the spare buffers if it is a long run's and there is room.
-fn keep_spare(spare: &mut Vec<Vec<u8>>, mut buf: Vec<u8>, max_run: usize) {
+/// Keep `buf` among the spare buffers if it is a long run's and there is
+/// room; else give it back.
+fn keep_spare(spare: &mut Vec<Vec<u8>>, mut buf: Vec<u8>, max_run: usize) -> Option<Vec<u8>> {
     if buf.capacity() >= max_run / 2 && buf.capacity() >= LONG_RUN && spare.len() < SPARES {
         buf.clear();
         spare.push(buf);
+        return None;
     }
+    Some(buf)
 }
 
 /// Join runs (in order, not overlapping) that touch, then cut each stretch
@@ -481,6 +532,7 @@ mod tests {
         for round in 0..200u64 {
             let mut d = Delalloc::default();
             let mut model: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+            let mut lent: Vec<(u64, Vec<u8>, Arc<Vec<u8>>)> = Vec::new();
             for step in 0..40u64 {
                 let idx = rnd(64);
                 let n = 1 + rnd(6) as usize;
@@ -513,6 +565,26 @@ mod tests {
                     }
                     d.take_range(id, at * ss, n * ss);
                     model.retain(|&k, _| k < at || k >= at + n);
+                }
+                if rnd(6) == 0 {
+                    // A whole run lent to a job: what the job holds never
+                    // changes, and it matches only while nothing changed.
+                    let runs = d.ranges(id, ss);
+                    if !runs.is_empty() {
+                        let (at, len) = runs[rnd(runs.len() as u64) as usize];
+                        let run = d.lend_run(id, at, len).expect("a whole run is lent");
+                        assert!(d.lend_run(id, at, len + ss).is_none());
+                        assert!(d.matches(id, at, &run));
+                        lent.push((at, run.to_vec(), run));
+                    }
+                }
+                for (at, was, run) in &lent {
+                    assert_eq!(&run[..], &was[..], "round {round}: a lent run changed");
+                    let same = d.copy_range(id, *at, was.len() as u64).as_ref() == Some(was);
+                    assert_eq!(d.matches(id, *at, run), same, "round {round}");
+                }
+                if rnd(10) == 0 {
+                    lent.clear();
                 }
                 if rnd(10) == 0 {
                     let from = rnd(70);

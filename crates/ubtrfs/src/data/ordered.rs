@@ -605,6 +605,14 @@ impl Filesystem {
         Ok(())
     }
 
+    /// Copy dirty runs into compression jobs instead of lending them, for
+    /// tests of that path.
+    #[doc(hidden)]
+    pub fn set_lend_runs(&self, on: bool) -> Result<()> {
+        self.writer()?.lend_runs = on;
+        Ok(())
+    }
+
     /// Choose how data checksums are computed.
     pub fn set_csum_mode(&self, mode: CsumMode) -> Result<()> {
         self.writer()?.csum_mode = mode;

@@ -170,11 +170,13 @@ impl Filesystem {
         self.compress_jobs.wait_for_room(COMPRESSING_HARD_LIMIT);
         let ss = self.geometry().sectorsize as u64;
         let ids = self.delalloc().inodes();
+        let mut compressed = Vec::new();
         for id in ids {
             if let Some(with) = self.compression_for(w, id)?
                 && self.inode_item(id)?.size > MAX_INLINE
             {
-                self.queue_compression(w, id, with)?;
+                self.queue_compression(w, id, with, true)?;
+                compressed.push((id, with));
                 continue;
             }
             let mut runs = {
@@ -184,15 +186,36 @@ impl Filesystem {
             };
             self.writeback_taken(w, id, &mut runs, true)?;
         }
+        // Runs left to grow at the ends of files are still too many: take
+        // those too, but for their last partial 128 KiB.
+        if self
+            .delalloc()
+            .bytes()
+            .saturating_sub(self.compress_jobs.held())
+            > DIRTY_LIMIT
+        {
+            for (id, with) in compressed {
+                self.queue_compression(w, id, with, false)?;
+            }
+        }
         Ok(())
     }
 
     /// Hand the dirty data of `id` that no job holds yet to compression
-    /// jobs ([`super::compress_jobs`]), but for the last, partial 128 KiB
-    /// of a stretch that ends at the end of the file (a stream will
-    /// likely fill it). Stretches shorter than a compressed extent are
-    /// written back here and now: jobs are for streams.
-    fn queue_compression(&self, w: &mut Writer, id: InodeId, with: CompressWith) -> Result<()> {
+    /// jobs ([`super::compress_jobs`]): whole runs are lent without a
+    /// copy, other stretches copied. A stretch that ends at the end of
+    /// the file is left to grow if `leave_tail` and it is shorter than a
+    /// whole run (a stream fills it; a job of part of a run would cut the
+    /// run, a copy), else but for its last, partial 128 KiB. Stretches
+    /// shorter than a compressed extent are written back here and now:
+    /// jobs are for streams.
+    fn queue_compression(
+        &self,
+        w: &mut Writer,
+        id: InodeId,
+        with: CompressWith,
+        leave_tail: bool,
+    ) -> Result<()> {
         let ss = self.geometry().sectorsize as u64;
         let size = self.inode_item(id)?.size;
         let covered = self.compress_jobs.covered(id);
@@ -218,9 +241,14 @@ impl Filesystem {
         }
         let free: Vec<(u64, u64)> = free.into_iter().map(|(s, len)| (s, s + len)).collect();
         let mut small = Vec::new();
+        let max_run = self.delalloc().max_run();
         for (s, e) in free {
             let mut end = e;
-            if e >= size.div_ceil(ss) * ss && e - s > MAX_COMPRESSED_RAM {
+            let at_eof = e >= size.div_ceil(ss) * ss;
+            if at_eof && leave_tail && e - s < max_run {
+                continue;
+            }
+            if at_eof && e - s > MAX_COMPRESSED_RAM {
                 end = s + (e - s) / MAX_COMPRESSED_RAM * MAX_COMPRESSED_RAM;
             }
             if end - s < MAX_COMPRESSED_RAM {
@@ -232,10 +260,21 @@ impl Filesystem {
             let mut at = s;
             while at < end {
                 let n = (end - at).min(COMPRESS_JOB);
-                let mut bytes = self.compress_jobs.buffer();
-                if !self.delalloc().copy_range_into(id, at, n, &mut bytes) {
-                    break;
-                }
+                let lent = if w.lend_runs {
+                    self.delalloc().lend_run(id, at, n)
+                } else {
+                    None
+                };
+                let bytes = match lent {
+                    Some(run) => run,
+                    None => {
+                        let mut bytes = self.compress_jobs.buffer();
+                        if !self.delalloc().copy_range_into(id, at, n, &mut bytes) {
+                            break;
+                        }
+                        Arc::new(bytes)
+                    }
+                };
                 if !self
                     .compress_jobs
                     .submit(id, at, bytes, with, self.geometry().sectorsize)
@@ -288,7 +327,12 @@ impl Filesystem {
             let mut data = Vec::new();
             let r = match self.place_compressed(w, id, done.offset, len, c, true) {
                 Ok(true) => {
-                    self.compress_jobs.recycle(done.input);
+                    // A lent run's buffer goes back to new runs first.
+                    if let Ok(buf) = Arc::try_unwrap(done.input)
+                        && let Some(buf) = self.delalloc().recycle(buf)
+                    {
+                        self.compress_jobs.recycle(Arc::new(buf));
+                    }
                     Ok(())
                 }
                 Ok(false) => {

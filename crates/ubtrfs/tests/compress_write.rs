@@ -221,3 +221,128 @@ fn compress_skips_what_looks_incompressible_and_compress_force_tries_it() {
     assert!(Command::new("umount").arg(&mnt).status().unwrap().success());
     assert_eq!(same, vec![true; 4], "the kernel reads what ubtrfs wrote");
 }
+
+/// Of each file, the share of its data bytes stored compressed (by
+/// extent item: `num_bytes` of compressed ones over all).
+fn compressed_share(fs: &Filesystem, name: &str) -> f64 {
+    use ubtrfs::format::items::ExtentBody;
+    let id = fs.resolve_path(name.as_bytes()).unwrap();
+    let (mut all, mut compressed) = (0u64, 0u64);
+    for it in fs
+        .tree_by_id(id.subvol)
+        .unwrap()
+        .items_of(id.ino, EXTENT_DATA_KEY)
+        .unwrap()
+    {
+        let fe = FileExtentItem::parse(it.unwrap().data()).unwrap();
+        if let ExtentBody::Regular { num_bytes, .. } = fe.body {
+            all += num_bytes;
+            if fe.compression != 0 {
+                compressed += num_bytes;
+            }
+        }
+    }
+    compressed as f64 / all.max(1) as f64
+}
+
+/// Under `compress=zstd`, ubtrfs and the kernel agree on what to compress
+/// for data that is all of one kind: text, machine code (this test's own
+/// executable), random bytes and gzip output. The kernel writes the same
+/// files on a loop mount; both images are read back by ubtrfs.
+#[test]
+fn compress_decides_like_the_kernel() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let text: Vec<u8> = (0..400_000u32)
+        .flat_map(|i| {
+            format!("{i} bottles of beer on the wall, {} to go\n", i * 7 % 1013).into_bytes()
+        })
+        .take(4 << 20)
+        .collect();
+    let mut code = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+    code.truncate(4 << 20);
+    let random = noise(31, 4 << 20);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(&text).unwrap();
+    gz.write_all(
+        &noise(32, 1 << 20)
+            .iter()
+            .map(|b| b'a' + b % 26)
+            .collect::<Vec<u8>>(),
+    )
+    .unwrap();
+    for i in 0..3000u32 {
+        gz.write_all(format!("record {} {:x}\n", i, i.wrapping_mul(2654435761)).as_bytes())
+            .unwrap();
+    }
+    let gz = gz.finish().unwrap();
+    let files: [(&str, &[u8]); 4] = [
+        ("text", &text),
+        ("code", &code),
+        ("random", &random),
+        ("gzip", &gz),
+    ];
+    let mkfs = |name: &str| {
+        let img = dir.path().join(name);
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(300 << 20)
+            .unwrap();
+        let out = Command::new("mkfs.btrfs")
+            .args(["-q", "-f"])
+            .arg(&img)
+            .output()
+            .expect("mkfs.btrfs runs");
+        assert!(out.status.success());
+        img
+    };
+    let ours = mkfs("ours.img");
+    {
+        let fs = Filesystem::open_read_write(&[&ours]).unwrap();
+        fs.set_compression(Some((Compression::Zstd, None))).unwrap();
+        let new = NewInode {
+            mode: libc::S_IFREG | 0o644,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+        };
+        for (name, data) in files {
+            let id = fs.create(fs.root(), name.as_bytes(), new).unwrap().id;
+            fs.write(id, 0, data).unwrap();
+        }
+        fs.commit().unwrap();
+    }
+    let kernels = mkfs("kernel.img");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    assert!(
+        Command::new("mount")
+            .args(["-o", "loop,compress=zstd"])
+            .arg(&kernels)
+            .arg(&mnt)
+            .status()
+            .unwrap()
+            .success()
+    );
+    for (name, data) in files {
+        std::fs::write(mnt.join(name), data).unwrap();
+    }
+    assert!(Command::new("umount").arg(&mnt).status().unwrap().success());
+    let a = Filesystem::open(&[&ours]).unwrap();
+    let b = Filesystem::open(&[&kernels]).unwrap();
+    for (name, data) in files {
+        let path = format!("/{name}");
+        let (mine, theirs) = (compressed_share(&a, &path), compressed_share(&b, &path));
+        assert_eq!(
+            (mine > 0.5, theirs > 0.5),
+            (theirs > 0.5, theirs > 0.5),
+            "{name}: ubtrfs compressed {mine:.2} of it, the kernel {theirs:.2}"
+        );
+        assert!(
+            !(0.1..=0.9).contains(&mine),
+            "{name}: data of one kind is compressed all or not at all ({mine:.2})"
+        );
+        let id = a.resolve_path(path.as_bytes()).unwrap();
+        assert!(&a.read_all(id).unwrap()[..] == data, "{name} reads back");
+    }
+}

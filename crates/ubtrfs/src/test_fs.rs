@@ -1,0 +1,68 @@
+//! A small filesystem on a temporary file, for unit tests that need a real
+//! one, and ways to plant damaged items in it.
+
+use crate::format::Key;
+use crate::format::consts::*;
+use crate::format::items::FileExtentItem;
+use crate::fs::{Filesystem, InodeId, NewInode};
+use crate::mkfs::{MkfsOptions, make_filesystem_at};
+
+/// A fresh filesystem, read-write; the directory holding its image lives
+/// as long as it does.
+pub(crate) struct TestFs {
+    fs: Option<Filesystem>,
+    _dir: tempfile::TempDir,
+}
+
+impl TestFs {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("fs.img");
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(256 << 20)
+            .unwrap();
+        make_filesystem_at(&[&img], &MkfsOptions::default()).unwrap();
+        let fs = Filesystem::open_read_write(&[&img]).unwrap();
+        TestFs {
+            fs: Some(fs),
+            _dir: dir,
+        }
+    }
+
+    /// The open filesystem.
+    pub fn fs(&self) -> &Filesystem {
+        self.fs.as_ref().expect("the filesystem failed to reopen")
+    }
+
+    /// A new regular file `name` in the top directory, holding `data`,
+    /// committed.
+    pub fn file(&self, name: &[u8], data: &[u8]) -> InodeId {
+        let new = NewInode {
+            mode: libc::S_IFREG | 0o644,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+        };
+        let id = self.fs().create(self.fs().root(), name, new).unwrap().id;
+        self.fs().write(id, 0, data).unwrap();
+        self.fs().commit().unwrap();
+        id
+    }
+
+    /// The file extent item of `id` at file offset `at`.
+    pub fn extent(&self, id: InodeId, at: u64) -> FileExtentItem {
+        let key = Key::new(id.ino, EXTENT_DATA_KEY, at);
+        let it = self.fs().fs_tree(id.subvol).unwrap().get(&key).unwrap();
+        FileExtentItem::parse(it.unwrap().data()).unwrap()
+    }
+
+    /// Overwrite (or add) the item `key` of tree `tree` in the running
+    /// transaction, as damage would.
+    pub fn put(&self, tree: u64, key: Key, data: Vec<u8>) {
+        let mut w = self.fs().lock_writer().unwrap();
+        self.fs()
+            .modify_tree(&mut w, tree, |ed, root| ed.put(root, key, data))
+            .unwrap();
+    }
+}

@@ -3,7 +3,7 @@
 
 use crate::format::Key;
 use crate::format::consts::*;
-use crate::format::items::FileExtentItem;
+use crate::format::items::{FileExtentItem, InodeItem};
 use crate::fs::{Filesystem, InodeId, NewInode};
 use crate::mkfs::{MkfsOptions, make_filesystem_at};
 
@@ -55,6 +55,13 @@ impl TestFs {
         let key = Key::new(id.ino, EXTENT_DATA_KEY, at);
         let it = self.fs().fs_tree(id.subvol).unwrap().get(&key).unwrap();
         FileExtentItem::parse(it.unwrap().data()).unwrap()
+    }
+
+    /// The inode item of `id`.
+    pub fn inode(&self, id: InodeId) -> InodeItem {
+        let key = Key::new(id.ino, INODE_ITEM_KEY, 0);
+        let it = self.fs().fs_tree(id.subvol).unwrap().get(&key).unwrap();
+        InodeItem::parse(it.unwrap().data()).unwrap()
     }
 
     /// Overwrite (or add) the item `key` of tree `tree` in the running

@@ -1,16 +1,19 @@
 //! A small filesystem on a temporary file, for unit tests that need a real
 //! one, and ways to plant damaged items in it.
 
+use crate::Result;
 use crate::format::Key;
 use crate::format::consts::*;
 use crate::format::items::{FileExtentItem, InodeItem};
 use crate::fs::{Filesystem, InodeId, NewInode};
 use crate::mkfs::{MkfsOptions, make_filesystem_at};
+use std::path::PathBuf;
 
 /// A fresh filesystem, read-write; the directory holding its image lives
 /// as long as it does.
 pub(crate) struct TestFs {
     fs: Option<Filesystem>,
+    img: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -26,6 +29,7 @@ impl TestFs {
         let fs = Filesystem::open_read_write(&[&img]).unwrap();
         TestFs {
             fs: Some(fs),
+            img,
             _dir: dir,
         }
     }
@@ -33,6 +37,15 @@ impl TestFs {
     /// The open filesystem.
     pub fn fs(&self) -> &Filesystem {
         self.fs.as_ref().expect("the filesystem failed to reopen")
+    }
+
+    /// Commit, close and open the image again, read-write.
+    pub fn reopen(&mut self) -> Result<()> {
+        if let Some(fs) = self.fs.take() {
+            fs.commit()?;
+        }
+        self.fs = Some(Filesystem::open_read_write(&[&self.img])?);
+        Ok(())
     }
 
     /// A new regular file `name` in the top directory, holding `data`,

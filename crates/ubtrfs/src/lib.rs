@@ -26,4 +26,7 @@ pub mod tree;
 pub mod tree_log;
 pub mod volume;
 
+#[cfg(test)]
+mod test_fs;
+
 pub use error::{Error, Result};

@@ -38,6 +38,14 @@ impl BlockGroup {
         Key::new(self.start, BLOCK_GROUP_ITEM_KEY, self.len)
     }
 
+    /// Whether all of `[start, start + len)` lies in this group.
+    pub fn holds(&self, start: u64, len: u64) -> bool {
+        start >= self.start
+            && start
+                .checked_add(len)
+                .is_some_and(|e| e <= self.start + self.len)
+    }
+
     /// The item's bytes.
     pub fn item_bytes(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(24);
@@ -59,6 +67,13 @@ pub fn load_groups(tree: &Tree<'_>) -> Result<Vec<BlockGroup>> {
             continue;
         }
         let bg = BlockGroupItem::parse(item.data())?;
+        // Groups are looked up and walked by their end: it must exist.
+        if key.offset == 0 || key.objectid.checked_add(key.offset).is_none() {
+            return Err(Error::corrupt(format!(
+                "block group {} of {} bytes",
+                key.objectid, key.offset
+            )));
+        }
         if bg.used > key.offset {
             return Err(Error::corrupt(format!(
                 "block group {} uses {} of {} bytes",
@@ -105,7 +120,7 @@ pub fn free_space_from_extent_tree(
             if s > cursor {
                 free.insert(cursor, s - cursor);
             }
-            cursor = cursor.max(s + l);
+            cursor = cursor.max(s.saturating_add(l));
         }
         if cursor < end {
             free.insert(cursor, end - cursor);

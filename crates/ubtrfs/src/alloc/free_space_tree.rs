@@ -21,6 +21,14 @@ pub fn load(
     for item in tree.range(Key::MIN, Key::MAX)? {
         let item = item?;
         let key = item.key();
+        let is_range = matches!(key.item_type, FREE_SPACE_EXTENT_KEY | FREE_SPACE_BITMAP_KEY);
+        // The range's end decides its group below: it must exist.
+        if is_range && key.objectid.checked_add(key.offset).is_none() {
+            return Err(Error::corrupt(format!(
+                "free space tree range {}+{} overflows",
+                key.objectid, key.offset
+            )));
+        }
         let ranges: Vec<(u64, u64)> = match key.item_type {
             FREE_SPACE_EXTENT_KEY => vec![(key.objectid, key.offset)],
             FREE_SPACE_BITMAP_KEY => {
@@ -32,7 +40,7 @@ pub fn load(
             .range_mut(..=key.objectid)
             .next_back()
             .map(|(_, g)| g)
-            .filter(|g| key.objectid + key.offset <= g.start + g.len);
+            .filter(|g| key.objectid.saturating_add(key.offset) <= g.start + g.len);
         // mkfs.btrfs leaves entries of its temporary block groups behind;
         // the kernel ignores them, and so do we.
         let Some(g) = found else { continue };
@@ -186,4 +194,30 @@ pub fn update(
 /// Decode a FREE_SPACE_INFO item: (extent count, flags).
 pub fn parse_info(b: &[u8]) -> Result<(u32, u32)> {
     Ok((le::u32(b, 0)?, le::u32(b, 4)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::Error;
+    use crate::format::Key;
+    use crate::format::consts::*;
+    use crate::format::items::ExtentBody;
+    use crate::test_fs::TestFs;
+
+    /// A free range whose end is past the address space would be an
+    /// inverted range in the group's free space.
+    #[test]
+    fn free_range_past_the_address_space_is_corrupt() {
+        let mut t = TestFs::new();
+        let id = t.file(b"f", &[3u8; 8192]);
+        let ExtentBody::Regular { disk_bytenr, .. } = t.extent(id, 0).body else {
+            panic!("not a regular extent");
+        };
+        let key = Key::new(disk_bytenr + 4096, FREE_SPACE_EXTENT_KEY, u64::MAX - 4095);
+        t.put(FREE_SPACE_TREE_OBJECTID, key, Vec::new());
+        match t.reopen() {
+            Err(Error::Corrupt(m)) => assert!(m.contains("overflows"), "{m}"),
+            other => panic!("expected a corrupt-metadata error, got {other:?}"),
+        }
+    }
 }

@@ -15,13 +15,17 @@ impl RangeSet {
     }
 
     /// Add `[start, start + len)`, merging with neighbours. Returns false
-    /// (and changes nothing) if any byte of it is already in the set.
+    /// (and changes nothing) if any byte of it is already in the set, or
+    /// if the range runs past the end of the address space (damaged
+    /// metadata: no real range does).
     pub fn insert(&mut self, start: u64, len: u64) -> bool {
         if len == 0 {
             return true;
         }
         let mut lo = start;
-        let mut hi = start + len;
+        let Some(mut hi) = start.checked_add(len) else {
+            return false;
+        };
         if let Some((&s, &e)) = self.map.range(..=start).next_back() {
             if e > start {
                 return false;
@@ -44,12 +48,15 @@ impl RangeSet {
     }
 
     /// Remove `[start, start + len)`; returns false (and changes nothing)
-    /// unless all of it is in the set.
+    /// unless all of it is in the set (never so for a range past the end
+    /// of the address space).
     pub fn remove(&mut self, start: u64, len: u64) -> bool {
         if len == 0 {
             return true;
         }
-        let end = start + len;
+        let Some(end) = start.checked_add(len) else {
+            return false;
+        };
         let Some((&s, &e)) = self.map.range(..=start).next_back() else {
             return false;
         };
@@ -66,20 +73,24 @@ impl RangeSet {
         true
     }
 
-    /// Whether all of `[start, start + len)` is in the set.
+    /// Whether all of `[start, start + len)` is in the set (never for a
+    /// range past the end of the address space).
     pub fn contains(&self, start: u64, len: u64) -> bool {
+        let Some(end) = start.checked_add(len) else {
+            return false;
+        };
         self.map
             .range(..=start)
             .next_back()
-            .is_some_and(|(_, &e)| e >= start + len)
+            .is_some_and(|(_, &e)| e >= end)
     }
 
     /// The first `align`-aligned start at or after `from` where `len` bytes
     /// are free, searching to the end and then wrapping to the beginning.
     pub fn find(&self, len: u64, align: u64, from: u64) -> Option<u64> {
         let fit = |s: u64, e: u64| {
-            let a = s.div_ceil(align) * align;
-            (a + len <= e).then_some(a)
+            let a = s.div_ceil(align).checked_mul(align)?;
+            (a.checked_add(len)? <= e).then_some(a)
         };
         let first = self
             .map
@@ -143,5 +154,21 @@ mod tests {
         assert_eq!(s.total(), 250);
         assert_eq!(s.largest(), Some((150, 150)));
         assert!(s.contains(160, 10) && !s.contains(90, 70));
+    }
+
+    /// Ranges past the end of the address space come only from damaged
+    /// metadata: they are refused and change nothing.
+    #[test]
+    fn ranges_past_the_address_space_are_refused() {
+        let mut s = RangeSet::new();
+        assert!(s.insert(1000, 1000));
+        let before = s.clone();
+        assert!(!s.insert(u64::MAX - 10, 20));
+        assert!(!s.remove(u64::MAX - 10, 20));
+        assert!(!s.remove(1500, u64::MAX));
+        assert_eq!(s, before);
+        assert!(!s.contains(1500, u64::MAX));
+        assert_eq!(s.find(u64::MAX, 1, 0), None);
+        assert_eq!(s.find(10, 1 << 63, 1 << 63), None);
     }
 }

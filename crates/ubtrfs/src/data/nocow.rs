@@ -55,11 +55,14 @@ impl Filesystem {
         let mut cursor = offset;
         for item in self.file_extents_overlapping(id, offset, end)? {
             let (k, fe) = item?;
+            // The write goes inside this extent's disk range: the item must
+            // say truthfully where that is.
+            fe.check_disk_extent(ss)?;
             // An inline extent stands for its whole sector: dirty data
             // replacing it comes in sectors (never cut a sector).
             let fe_end = match fe.body {
-                ExtentBody::Inline(_) => (k + fe.len()).div_ceil(ss) * ss,
-                _ => k + fe.len(),
+                ExtentBody::Inline(_) => k.saturating_add(fe.len()).div_ceil(ss).saturating_mul(ss),
+                _ => k.saturating_add(fe.len()),
             };
             let (lo, hi) = (k.max(cursor), fe_end.min(end));
             if lo >= hi {
@@ -133,5 +136,51 @@ impl Filesystem {
         Ok(self
             .root_ptr(EXTENT_TREE_OBJECTID)?
             .map(|p| self.tree_reader().tree(p)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::Error;
+    use crate::format::Key;
+    use crate::format::consts::{EXTENT_DATA_KEY, INODE_NODATACOW};
+    use crate::format::items::ExtentBody;
+    use crate::fs::NewInode;
+    use crate::test_fs::TestFs;
+
+    #[test]
+    fn extent_reaching_past_its_disk_extent_is_not_written_in_place() {
+        let t = TestFs::new();
+        let new = NewInode {
+            mode: libc::S_IFREG | 0o644,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+        };
+        let id = t.fs().create(t.fs().root(), b"nocow", new).unwrap().id;
+        t.fs().set_flags(id, INODE_NODATACOW).unwrap();
+        t.fs().write(id, 0, &[1u8; 12288]).unwrap();
+        t.fs().commit().unwrap();
+        let mut fe = t.extent(id, 0);
+        let ExtentBody::Regular { offset, .. } = &mut fe.body else {
+            panic!("not a regular extent: {fe:?}");
+        };
+        *offset = 8192;
+        t.put(
+            id.subvol,
+            Key::new(id.ino, EXTENT_DATA_KEY, 0),
+            fe.to_bytes(),
+        );
+        t.fs().commit().unwrap();
+        // An overwrite in place would land in the two sectors after the
+        // extent.
+        let r = t
+            .fs()
+            .write(id, 0, &[2u8; 12288])
+            .and_then(|_| t.fs().commit());
+        match r {
+            Err(Error::Corrupt(_)) => {}
+            other => panic!("expected a corrupt-metadata error, got {other:?}"),
+        }
     }
 }

@@ -25,7 +25,7 @@ use std::sync::Arc;
 /// `max_inline`.
 pub const MAX_INLINE: u64 = 2048;
 /// Largest data extent the kernel creates.
-pub(crate) const MAX_EXTENT: u64 = 128 << 20;
+pub(crate) const MAX_EXTENT: u64 = MAX_EXTENT_SIZE;
 /// Dirty data beyond this is handed to the writeback thread.
 const DIRTY_LIMIT: u64 = 16 << 20;
 /// Data the writeback thread may have queued before writers wait for it

@@ -62,14 +62,18 @@ impl Device for MemDevice {
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
         let mut data = self.lock();
-        let end = offset as usize + buf.len();
-        if end > data.len() {
+        // An offset from damaged metadata may be anywhere up to 2^64.
+        let end = offset
+            .checked_add(buf.len() as u64)
+            .filter(|&e| e <= data.len() as u64);
+        let Some(end) = end else {
             return Err(Error::NoSpace(format!(
-                "{}: write past the end of the device",
-                self.name.display()
+                "{}: write of {} bytes at {offset} past the end of the device",
+                self.name.display(),
+                buf.len()
             )));
-        }
-        data[offset as usize..end].copy_from_slice(buf);
+        };
+        data[offset as usize..end as usize].copy_from_slice(buf);
         Counters::add(&self.counters.writes, 1);
         Counters::add(&self.counters.write_bytes, buf.len() as u64);
         Ok(())
@@ -88,5 +92,22 @@ impl Device for MemDevice {
 
     fn counters(&self) -> &Counters {
         &self.counters
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_past_the_end_are_errors() {
+        let d = MemDevice::new("m", vec![0; 4096]);
+        assert!(d.write_at(4090, &[1; 6]).is_ok());
+        assert!(matches!(d.write_at(4091, &[1; 6]), Err(Error::NoSpace(_))));
+        assert!(matches!(
+            d.write_at(u64::MAX - 1, &[1; 4]),
+            Err(Error::NoSpace(_))
+        ));
+        assert_eq!(d.snapshot()[4090..], [1; 6]);
     }
 }

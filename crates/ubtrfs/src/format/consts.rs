@@ -199,3 +199,5 @@ pub const STRIPE_LEN: u64 = 64 * 1024;
 pub const MAX_INLINE_DATA: usize = 64 * 1024;
 /// Largest uncompressed size of one compressed extent.
 pub const MAX_COMPRESSED_RAM: u64 = 128 * 1024;
+/// Largest data extent the kernel creates (and this library accepts).
+pub const MAX_EXTENT_SIZE: u64 = 128 * 1024 * 1024;

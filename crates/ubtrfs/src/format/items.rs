@@ -482,6 +482,59 @@ impl FileExtentItem {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Check the numbers of an extent that names disk space (regular or
+    /// preallocated, not a hole): the part used lies inside the extent,
+    /// the extent fits the address space and is no longer than the kernel
+    /// makes them, and all is in whole sectors. Callers index, allocate
+    /// and loop by these numbers, so a damaged item must stop here.
+    /// Inline extents and holes pass unchecked.
+    pub fn check_disk_extent(&self, sectorsize: u64) -> Result<()> {
+        let ExtentBody::Regular {
+            disk_bytenr,
+            disk_num_bytes,
+            offset,
+            num_bytes,
+        } = self.body
+        else {
+            return Ok(());
+        };
+        if disk_bytenr == 0 {
+            return Ok(());
+        }
+        let bad = |why: &str| {
+            Error::corrupt(format!(
+                "file extent item at disk {disk_bytenr}+{disk_num_bytes} (offset {offset}, {num_bytes} bytes, {} bytes decoded): {why}",
+                self.ram_bytes
+            ))
+        };
+        let aligned = [disk_bytenr, disk_num_bytes, offset, num_bytes]
+            .iter()
+            .all(|x| x.is_multiple_of(sectorsize.max(1)));
+        if !aligned {
+            return Err(bad("not in whole sectors"));
+        }
+        if disk_bytenr.checked_add(disk_num_bytes).is_none() {
+            return Err(bad("extent past the end of the address space"));
+        }
+        // What the item's offset and length count in: the decoded bytes
+        // of a compressed extent, the disk bytes of a plain one.
+        let (room, max) = if self.compression != COMPRESS_NONE {
+            if disk_num_bytes > MAX_COMPRESSED_RAM {
+                return Err(bad("compressed extent too long"));
+            }
+            (self.ram_bytes, MAX_COMPRESSED_RAM)
+        } else {
+            (disk_num_bytes, MAX_EXTENT_SIZE)
+        };
+        if room > max {
+            return Err(bad("extent too long"));
+        }
+        if offset.checked_add(num_bytes).is_none_or(|e| e > room) {
+            return Err(bad("the part used reaches past the end of the extent"));
+        }
+        Ok(())
+    }
 }
 
 /// A root item: where a tree's root block is, and the subvolume's metadata.
@@ -642,6 +695,64 @@ impl DevExtent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn extent(compression: u8, ram: u64, body: [u64; 4]) -> FileExtentItem {
+        let [disk_bytenr, disk_num_bytes, offset, num_bytes] = body;
+        FileExtentItem {
+            generation: 1,
+            ram_bytes: ram,
+            compression,
+            encryption: 0,
+            other_encoding: 0,
+            extent_type: FILE_EXTENT_REG,
+            body: ExtentBody::Regular {
+                disk_bytenr,
+                disk_num_bytes,
+                offset,
+                num_bytes,
+            },
+        }
+    }
+
+    #[test]
+    fn disk_extent_checks() {
+        let ok = |fe: FileExtentItem| fe.check_disk_extent(4096).is_ok();
+        let m = 1 << 20;
+        assert!(ok(extent(0, 8192, [m, 8192, 4096, 4096])));
+        assert!(ok(extent(0, 0, [m, MAX_EXTENT_SIZE, 0, MAX_EXTENT_SIZE])));
+        assert!(ok(extent(1, 131072, [m, 4096, 65536, 65536])));
+        // Holes and inline extents carry no disk range to check.
+        assert!(ok(extent(0, u64::MAX, [0, 0, 1, u64::MAX])));
+        let inline = FileExtentItem {
+            extent_type: FILE_EXTENT_INLINE,
+            body: ExtentBody::Inline(vec![1; 3]),
+            ..extent(0, 3, [0; 4])
+        };
+        assert!(ok(inline));
+        // Partial sectors.
+        assert!(!ok(extent(0, 8192, [m, 8192, 0, 4097])));
+        assert!(!ok(extent(0, 8192, [m + 1, 8192, 0, 4096])));
+        assert!(!ok(extent(0, 8192, [m, 8192, 1, 4096])));
+        // The part used reaches past the extent.
+        assert!(!ok(extent(0, 8192, [m, 8192, 4096, 8192])));
+        assert!(!ok(extent(
+            0,
+            8192,
+            [m, 8192, u64::MAX / 4096 * 4096, 8192]
+        )));
+        assert!(!ok(extent(1, 65536, [m, 4096, 65536, 4096])));
+        // Too long.
+        let big = MAX_EXTENT_SIZE + 4096;
+        assert!(!ok(extent(0, big, [m, big, 0, big])));
+        assert!(!ok(extent(1, 262144, [m, 4096, 0, 262144])));
+        assert!(!ok(extent(1, 131072, [m, 262144, 0, 4096])));
+        // Past the end of the address space.
+        assert!(!ok(extent(
+            0,
+            8192,
+            [u64::MAX / 4096 * 4096, 8192, 0, 8192]
+        )));
+    }
 
     #[test]
     fn encodings_round_trip() {

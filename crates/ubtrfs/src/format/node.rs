@@ -161,6 +161,11 @@ impl Node {
     fn check_items(&self) -> std::result::Result<(), String> {
         let n = self.header.nritems as usize;
         let size = self.data.len();
+        if n == 0 && !self.is_leaf() {
+            // Only a leaf may be empty (an empty tree); searches and edits
+            // step into a child of every node.
+            return Err("internal node without key pointers".into());
+        }
         if n == 0 {
             return Ok(());
         }
@@ -657,6 +662,25 @@ mod tests {
         assert_eq!(back.body(), Body::Internal(ptrs));
         let big = Body::Leaf(vec![(Key::MIN, vec![0; 5000])]);
         assert!(Node::build(&header(0), &big, 4096).is_err());
+    }
+
+    /// An internal node must point somewhere: edits step into a child.
+    #[test]
+    fn empty_internal_node_is_refused() {
+        let expect = |level| Expect {
+            bytenr: 1 << 20,
+            generation: None,
+            level: Some(level),
+            first_key: None,
+        };
+        let node = Node::build(&header(1), &Body::Internal(Vec::new()), 4096).unwrap();
+        let bytes = node.sealed_bytes(CsumType::Crc32c).into_boxed_slice();
+        let e = Node::parse(bytes, CsumType::Crc32c, &[7; 16], &expect(1), 42).unwrap_err();
+        assert!(e.contains("without key pointers"), "{e}");
+        // An empty leaf is an empty tree, and fine.
+        let node = Node::build(&header(0), &Body::Leaf(Vec::new()), 4096).unwrap();
+        let bytes = node.sealed_bytes(CsumType::Crc32c).into_boxed_slice();
+        Node::parse(bytes, CsumType::Crc32c, &[7; 16], &expect(0), 42).unwrap();
     }
 
     /// Random in-place edits give exactly the block that building the same

@@ -17,6 +17,8 @@ impl Replay<'_> {
     pub(super) fn replay_extent(&mut self, ino: u64, at: u64, data: &[u8]) -> Result<()> {
         let fe = FileExtentItem::parse(data)?;
         let ss = self.fs.geometry().sectorsize as u64;
+        // Its checksums are gathered per sector of the extent below.
+        fe.check_disk_extent(ss)?;
         let len = match &fe.body {
             ExtentBody::Inline(_) => fe.ram_bytes.div_ceil(ss) * ss,
             ExtentBody::Regular { num_bytes, .. } => *num_bytes,
@@ -102,9 +104,13 @@ impl Replay<'_> {
     fn replay_csums(&mut self, start: u64, len: u64) -> Result<()> {
         let geo = self.fs.geometry();
         let (ss, cs) = (geo.sectorsize as u64, geo.csum_size);
-        let end = start + len;
-        // Per sector, the log's checksum (log items may start before `start`).
-        let mut sums: Vec<Option<&[u8]>> = vec![None; (len / ss) as usize];
+        let end = start
+            .checked_add(len)
+            .ok_or_else(|| Error::corrupt(format!("logged extent {start}+{len} overflows")))?;
+        // Per sector, the log's checksum (log items may start before
+        // `start`). The extent was checked to be in whole sectors and of a
+        // bounded length; a partial last sector still gets its slot.
+        let mut sums: Vec<Option<&[u8]>> = vec![None; len.div_ceil(ss) as usize];
         let first = self
             .log
             .range(
@@ -118,9 +124,14 @@ impl Replay<'_> {
             Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, end.saturating_sub(1)),
         ) {
             for (i, c) in data.chunks_exact(cs).enumerate() {
-                let sector = k.offset + i as u64 * ss;
-                if sector >= start && sector < end {
-                    sums[((sector - start) / ss) as usize] = Some(c);
+                let Some(sector) = k.offset.checked_add(i as u64 * ss) else {
+                    break;
+                };
+                if sector >= start
+                    && sector < end
+                    && let Some(slot) = sums.get_mut(((sector - start) / ss) as usize)
+                {
+                    *slot = Some(c);
                 }
             }
         }

@@ -290,7 +290,7 @@ impl LogTree {
             for (_, old, new) in &changes {
                 for (data, d) in [(old, -1i64), (new, 1)] {
                     let Some(data) = data else { continue };
-                    let Some((s, e)) = csum_range(data)? else {
+                    let Some((s, e)) = csum_range(data, ss)? else {
                         continue;
                     };
                     let mut at = s / ss * ss;
@@ -525,9 +525,11 @@ fn extent_start(data: &[u8]) -> Result<Option<u64>> {
     })
 }
 
-fn csum_range(data: &[u8]) -> Result<Option<(u64, u64)>> {
+fn csum_range(data: &[u8], sectorsize: u64) -> Result<Option<(u64, u64)>> {
     use crate::format::items::{ExtentBody, FileExtentItem};
     let fe = FileExtentItem::parse(data)?;
+    // The caller walks the range sector by sector: it must be bounded.
+    fe.check_disk_extent(sectorsize)?;
     if fe.extent_type != FILE_EXTENT_REG {
         return Ok(None);
     }
@@ -544,4 +546,47 @@ fn csum_range(data: &[u8]) -> Result<Option<(u64, u64)>> {
         }),
         _ => None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::items::{ExtentBody, FileExtentItem};
+
+    fn plain(disk_num_bytes: u64, offset: u64, num_bytes: u64) -> Vec<u8> {
+        FileExtentItem {
+            generation: 1,
+            ram_bytes: disk_num_bytes,
+            compression: 0,
+            encryption: 0,
+            other_encoding: 0,
+            extent_type: FILE_EXTENT_REG,
+            body: ExtentBody::Regular {
+                disk_bytenr: 1 << 30,
+                disk_num_bytes,
+                offset,
+                num_bytes,
+            },
+        }
+        .to_bytes()
+    }
+
+    /// The range is walked sector by sector: a damaged length must not
+    /// make that walk endless.
+    #[test]
+    fn csum_range_refuses_damaged_extents() {
+        assert_eq!(
+            csum_range(&plain(8192, 4096, 4096), 4096).unwrap(),
+            Some(((1 << 30) + 4096, (1 << 30) + 8192))
+        );
+        let huge = 256 << 20;
+        assert!(matches!(
+            csum_range(&plain(huge, 0, huge), 4096),
+            Err(Error::Corrupt(_))
+        ));
+        assert!(matches!(
+            csum_range(&plain(8192, 4096, 8192), 4096),
+            Err(Error::Corrupt(_))
+        ));
+    }
 }

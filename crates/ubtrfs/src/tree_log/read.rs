@@ -63,19 +63,22 @@ pub struct Log {
 
 impl Log {
     /// Data extents the log's file extent items point at, as (start, length),
-    /// deduplicated.
-    pub fn data_extents(&self) -> Result<Vec<(u64, u64)>> {
+    /// deduplicated; an error if one is damaged (see
+    /// [`FileExtentItem::check_disk_extent`]).
+    pub fn data_extents(&self, sectorsize: u64) -> Result<Vec<(u64, u64)>> {
         let mut out = Vec::new();
         for log in &self.subvols {
             for (key, data) in &log.items {
                 if key.item_type != EXTENT_DATA_KEY {
                     continue;
                 }
+                let fe = FileExtentItem::parse(data)?;
+                fe.check_disk_extent(sectorsize)?;
                 if let ExtentBody::Regular {
                     disk_bytenr,
                     disk_num_bytes,
                     ..
-                } = FileExtentItem::parse(data)?.body
+                } = fe.body
                     && disk_bytenr != 0
                 {
                     out.push((disk_bytenr, disk_num_bytes));

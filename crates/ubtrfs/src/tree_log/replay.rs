@@ -70,6 +70,11 @@ pub(crate) fn replay_log(fs: &Filesystem, w: &mut Writer, log: &Log) -> Result<R
     // Pinned space becomes free once the replay's commit is on disk.
     for &b in &log.blocks {
         let g = w.blocks.alloc.group_of(b)?;
+        if !g.holds(b, nodesize) {
+            return Err(Error::corrupt(format!(
+                "log tree block {b} reaches past its block group"
+            )));
+        }
         if !g.free.remove(b, nodesize) {
             return Err(Error::corrupt(format!(
                 "log tree block {b} lies in space the filesystem uses"
@@ -79,8 +84,16 @@ pub(crate) fn replay_log(fs: &Filesystem, w: &mut Writer, log: &Log) -> Result<R
         g.dirty_free = true;
     }
     let mut claimed = BTreeMap::new();
-    for (start, len) in log.data_extents()? {
+    let sectorsize = fs.geometry().sectorsize as u64;
+    for (start, len) in log.data_extents(sectorsize)? {
         let g = w.blocks.alloc.group_of(start)?;
+        // Free space is kept per group: a range running out of its group
+        // would free or pin another group's bytes.
+        if !g.holds(start, len) {
+            return Err(Error::corrupt(format!(
+                "logged data extent {start}+{len} reaches past its block group"
+            )));
+        }
         if g.free.remove(start, len) {
             g.pinned.insert(start, len);
             g.dirty_free = true;
@@ -234,7 +247,10 @@ impl Replay<'_> {
         self.edit(|ed, root| ed.put(root, Key::new(ino, INODE_ITEM_KEY, 0), bytes))?;
         if is_reg && item.mode & libc::S_IFMT == libc::S_IFREG {
             let ss = self.fs.geometry().sectorsize as u64;
-            let from = item.size.div_ceil(ss) * ss;
+            // A size in the last sector below 2^64 has no sector end.
+            let from = item.size.div_ceil(ss).checked_mul(ss).ok_or_else(|| {
+                Error::corrupt(format!("logged size {} of inode {ino}", item.size))
+            })?;
             let id = crate::fs::InodeId {
                 subvol: self.subvol,
                 ino,
@@ -404,5 +420,141 @@ impl Replay<'_> {
         }
         self.fixup.insert(ino);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::items::{ExtentBody, FileExtentItem};
+    use crate::fs::InodeId;
+    use crate::test_fs::TestFs;
+    use crate::tree_log::read::SubvolLog;
+
+    /// Replay a log of the top subvolume holding `items` (sorted here).
+    fn replay(t: &TestFs, mut items: Vec<(Key, Vec<u8>)>) -> Result<ReplaySummary> {
+        items.sort_by_key(|(k, _)| *k);
+        let log = Log {
+            subvols: vec![SubvolLog {
+                subvol: FS_TREE_OBJECTID,
+                root: RootPtr {
+                    bytenr: 0,
+                    level: 0,
+                    generation: None,
+                },
+                items,
+            }],
+            blocks: Vec::new(),
+        };
+        let mut w = t.fs().lock_writer()?;
+        replay_log(t.fs(), &mut w, &log)
+    }
+
+    /// A file of two sectors, and its extent item's disk address.
+    fn two_sectors(t: &TestFs) -> (InodeId, FileExtentItem, u64) {
+        let id = t.file(b"f", &[5u8; 8192]);
+        let fe = t.extent(id, 0);
+        let ExtentBody::Regular { disk_bytenr, .. } = fe.body else {
+            panic!("not a regular extent: {fe:?}");
+        };
+        (id, fe, disk_bytenr)
+    }
+
+    fn with_body(
+        fe: &FileExtentItem,
+        disk_bytenr: u64,
+        disk_num_bytes: u64,
+        num_bytes: u64,
+    ) -> Vec<u8> {
+        let mut fe = fe.clone();
+        fe.body = ExtentBody::Regular {
+            disk_bytenr,
+            disk_num_bytes,
+            offset: 0,
+            num_bytes,
+        };
+        fe.to_bytes()
+    }
+
+    fn assert_corrupt(r: Result<ReplaySummary>) {
+        match r {
+            Err(Error::Corrupt(_)) => {}
+            other => panic!("expected a corrupt-metadata error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn logged_extent_in_partial_sectors_is_corrupt() {
+        let t = TestFs::new();
+        let (id, fe, d) = two_sectors(&t);
+        let cs = t.fs().geometry().csum_size;
+        // Checksums for both sectors, but an extent ending inside the
+        // second: the per-sector table must not be indexed past its end.
+        let items = vec![
+            (
+                Key::new(id.ino, EXTENT_DATA_KEY, 0),
+                with_body(&fe, d, 8192, 4097),
+            ),
+            (
+                Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, d),
+                vec![0u8; 2 * cs],
+            ),
+        ];
+        assert_corrupt(replay(&t, items));
+    }
+
+    #[test]
+    fn logged_extent_longer_than_any_is_corrupt() {
+        let t = TestFs::new();
+        let (id, fe, d) = two_sectors(&t);
+        let huge = 1u64 << 50;
+        let items = vec![(
+            Key::new(id.ino, EXTENT_DATA_KEY, 0),
+            with_body(&fe, d, huge, huge),
+        )];
+        assert_corrupt(replay(&t, items));
+    }
+
+    #[test]
+    fn logged_extent_past_the_address_space_is_corrupt() {
+        let t = TestFs::new();
+        let (id, fe, _) = two_sectors(&t);
+        let start = u64::MAX / 4096 * 4096;
+        let items = vec![(
+            Key::new(id.ino, EXTENT_DATA_KEY, 0),
+            with_body(&fe, start, 8192, 8192),
+        )];
+        assert_corrupt(replay(&t, items));
+    }
+
+    #[test]
+    fn logged_extent_across_its_block_group_end_is_corrupt() {
+        let t = TestFs::new();
+        let (id, fe, d) = two_sectors(&t);
+        let end = {
+            let mut w = t.fs().lock_writer().unwrap();
+            let g = w.blocks.alloc.group_of(d).unwrap();
+            g.start + g.len
+        };
+        let items = vec![(
+            Key::new(id.ino, EXTENT_DATA_KEY, 0),
+            with_body(&fe, end - 4096, 8192, 8192),
+        )];
+        assert_corrupt(replay(&t, items));
+    }
+
+    #[test]
+    fn logged_size_in_the_last_sector_of_the_address_space_is_corrupt() {
+        let t = TestFs::new();
+        let (id, _, _) = two_sectors(&t);
+        let mut item = t.inode(id);
+        item.size = u64::MAX - 10;
+        let items = vec![(Key::new(id.ino, INODE_ITEM_KEY, 0), item.to_bytes())];
+        assert_corrupt(replay(&t, items));
+        // The file kept its data extent.
+        assert!(matches!(
+            t.extent(id, 0).body,
+            ExtentBody::Regular { disk_bytenr, .. } if disk_bytenr != 0
+        ));
     }
 }

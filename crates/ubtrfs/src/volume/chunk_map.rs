@@ -108,11 +108,42 @@ impl Chunk {
         {
             return Err(bad("bad sub-stripe count"));
         }
+        // Mapping adds offsets to the chunk's start and to each stripe's:
+        // every address the chunk maps to must exist.
+        if logical.checked_add(item.length).is_none() {
+            return Err(bad("length runs past the end of the address space"));
+        }
+        let span = Self::stripe_span(profile, &item, n as u64).ok_or_else(|| bad("too long"))?;
+        if item
+            .stripes
+            .iter()
+            .any(|s| s.offset.checked_add(span).is_none())
+        {
+            return Err(bad("stripe runs past the end of the address space"));
+        }
         Ok(Chunk {
             logical,
             item,
             profile,
         })
+    }
+
+    /// Bytes each stripe of a chunk spans on its device (an upper bound for
+    /// striped profiles: whole stripe rows).
+    fn stripe_span(profile: Profile, item: &ChunkItem, n: u64) -> Option<u64> {
+        let data = match profile {
+            Profile::Single
+            | Profile::Dup
+            | Profile::Raid1
+            | Profile::Raid1c3
+            | Profile::Raid1c4 => return Some(item.length),
+            Profile::Raid0 => n,
+            Profile::Raid10 => n / item.sub_stripes as u64,
+            Profile::Raid5 => n - 1,
+            Profile::Raid6 => n - 2,
+        };
+        let sl = item.stripe_len;
+        item.length.div_ceil(sl).div_ceil(data).checked_mul(sl)
     }
 
     /// Copies of every byte this chunk keeps (parity profiles count as 1
@@ -344,5 +375,23 @@ mod tests {
         assert!(c.map(7, 10, 2).is_err());
         assert!(m.insert(4096, item(0, &[(1, 0)], 0)).is_err());
         assert!(m.lookup(1 << 30).is_err());
+    }
+
+    /// Every address a chunk maps must exist, logical and physical.
+    #[test]
+    fn chunks_past_the_address_space_are_corrupt() {
+        let corrupt = |r: Result<Chunk>| matches!(r, Err(Error::Corrupt(_)));
+        let top = u64::MAX / 4096 * 4096;
+        assert!(corrupt(Chunk::new(top, item(0, &[(1, 0)], 0))));
+        assert!(corrupt(Chunk::new(0, item(0, &[(1, top)], 0))));
+        let dup = item(BLOCK_GROUP_DUP, &[(1, 0), (1, top)], 0);
+        assert!(corrupt(Chunk::new(0, dup)));
+        // A RAID0 stripe holds half the chunk: this one just fits.
+        let half = u64::MAX - (1 << 29);
+        let r0 = |off| item(BLOCK_GROUP_RAID0, &[(1, 0), (2, off)], 1);
+        assert!(Chunk::new(0, r0(half)).is_ok());
+        assert!(corrupt(Chunk::new(0, r0(half + 1))));
+        let m = ChunkMap::default();
+        assert!(m.insert(top, item(0, &[(1, 0)], 0)).is_err());
     }
 }

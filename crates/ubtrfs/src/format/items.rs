@@ -485,8 +485,8 @@ impl FileExtentItem {
 
     /// Check the numbers of an extent that names disk space (regular or
     /// preallocated, not a hole): the part used lies inside the extent,
-    /// the extent fits the address space and is no longer than the kernel
-    /// makes them, and all is in whole sectors. Callers index, allocate
+    /// the extent fits the address space and is not absurdly long (see
+    /// [`LONGEST_PLAIN_EXTENT`]), and all is in whole sectors. Callers index, allocate
     /// and loop by these numbers, so a damaged item must stop here.
     /// Inline extents and holes pass unchecked.
     pub fn check_disk_extent(&self, sectorsize: u64) -> Result<()> {
@@ -525,7 +525,7 @@ impl FileExtentItem {
             }
             (self.ram_bytes, MAX_COMPRESSED_RAM)
         } else {
-            (disk_num_bytes, MAX_EXTENT_SIZE)
+            (disk_num_bytes, LONGEST_PLAIN_EXTENT)
         };
         if room > max {
             return Err(bad("extent too long"));
@@ -536,6 +536,12 @@ impl FileExtentItem {
         Ok(())
     }
 }
+
+/// Longest plain disk extent [`FileExtentItem::check_disk_extent`]
+/// accepts. The kernel writes at most [`MAX_EXTENT_SIZE`] (128 MiB); the
+/// margin is for other writers and versions, still small enough to bound
+/// the work done per extent.
+pub const LONGEST_PLAIN_EXTENT: u64 = 8 * MAX_EXTENT_SIZE;
 
 /// A root item: where a tree's root block is, and the subvolume's metadata.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -742,7 +748,8 @@ mod tests {
         )));
         assert!(!ok(extent(1, 65536, [m, 4096, 65536, 4096])));
         // Too long.
-        let big = MAX_EXTENT_SIZE + 4096;
+        assert!(ok(extent(0, 0, [m, 2 * MAX_EXTENT_SIZE, 0, 4096])));
+        let big = LONGEST_PLAIN_EXTENT + 4096;
         assert!(!ok(extent(0, big, [m, big, 0, big])));
         assert!(!ok(extent(1, 262144, [m, 4096, 0, 262144])));
         assert!(!ok(extent(1, 131072, [m, 262144, 0, 4096])));

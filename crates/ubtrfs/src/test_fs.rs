@@ -85,4 +85,19 @@ impl TestFs {
             .modify_tree(&mut w, tree, |ed, root| ed.put(root, key, data))
             .unwrap();
     }
+
+    /// Damage the file extent item of `id` at file offset `at`: it now
+    /// says its part starts `offset` bytes into its disk extent.
+    pub fn skew_extent(&self, id: InodeId, at: u64, offset: u64) {
+        let mut fe = self.extent(id, at);
+        let crate::format::items::ExtentBody::Regular { offset: o, .. } = &mut fe.body else {
+            panic!("not a regular extent: {fe:?}");
+        };
+        *o = offset;
+        self.put(
+            id.subvol,
+            Key::new(id.ino, EXTENT_DATA_KEY, at),
+            fe.to_bytes(),
+        );
+    }
 }

@@ -1,6 +1,7 @@
 //! Writing compressed extents: each algorithm, read back by the kernel;
 //! incompressible data falls back to plain extents.
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use ubtrfs::data::compression::Compression;
 use ubtrfs::format::consts::EXTENT_DATA_KEY;
@@ -8,15 +9,65 @@ use ubtrfs::format::items::FileExtentItem;
 use ubtrfs::fs::{Filesystem, InodeId, NewInode};
 
 fn noise(seed: u64, n: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    testkit::xorshift_bytes(seed, n)
+}
+
+const FILE: NewInode = NewInode {
+    mode: libc::S_IFREG | 0o644,
+    uid: 0,
+    gid: 0,
+    rdev: 0,
+};
+
+/// A 300 MiB image made by `mkfs.btrfs` in `dir`.
+fn mkfs(dir: &Path, name: &str) -> PathBuf {
+    let img = dir.join(name);
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(300 << 20)
+        .unwrap();
+    let out = Command::new("mkfs.btrfs")
+        .args(["-q", "-f"])
+        .arg(&img)
+        .output()
+        .expect("mkfs.btrfs runs");
+    assert!(out.status.success());
+    img
+}
+
+/// `btrfs check` (with `args`) passes on `img`.
+fn check(img: &Path, args: &[&str]) {
+    let out = Command::new("btrfs")
+        .args(["check", "--readonly"])
+        .args(args)
+        .arg(img)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "btrfs check {}: {}",
+        img.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Mount `img` with the kernel (`opts`) at `dir/mnt`, run `f` there,
+/// unmount.
+fn with_kernel_mount<T>(dir: &Path, img: &Path, opts: &str, f: impl FnOnce(&Path) -> T) -> T {
+    let mnt = dir.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    assert!(
+        Command::new("mount")
+            .args(["-o", opts])
+            .arg(img)
+            .arg(&mnt)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let out = f(&mnt);
+    assert!(Command::new("umount").arg(&mnt).status().unwrap().success());
+    out
 }
 
 fn compressions(fs: &Filesystem, id: InodeId) -> Vec<u8> {
@@ -40,17 +91,7 @@ fn each_algorithm_round_trips_through_the_kernel() {
         (Compression::Zstd, 3),
     ] {
         let dir = tempfile::tempdir().unwrap();
-        let img = dir.path().join("d.img");
-        std::fs::File::create(&img)
-            .unwrap()
-            .set_len(300 << 20)
-            .unwrap();
-        let out = Command::new("mkfs.btrfs")
-            .args(["-q", "-f"])
-            .arg(&img)
-            .output()
-            .expect("mkfs.btrfs runs");
-        assert!(out.status.success());
+        let img = mkfs(dir.path(), "d.img");
         let text: Vec<u8> = (0..1_000_000u32)
             .flat_map(|i| format!("line {} of text\n", i % 977).into_bytes())
             .take(1_000_000)
@@ -62,14 +103,8 @@ fn each_algorithm_round_trips_through_the_kernel() {
         {
             let fs = Filesystem::open_read_write(&[&img]).unwrap();
             fs.set_compression(Some((kind, None))).unwrap();
-            let new = NewInode {
-                mode: libc::S_IFREG | 0o644,
-                uid: 0,
-                gid: 0,
-                rdev: 0,
-            };
             for (name, data) in files {
-                let id = fs.create(fs.root(), name.as_bytes(), new).unwrap().id;
+                let id = fs.create(fs.root(), name.as_bytes(), FILE).unwrap().id;
                 fs.write(id, 0, data).unwrap();
             }
             fs.commit().unwrap();
@@ -97,32 +132,13 @@ fn each_algorithm_round_trips_through_the_kernel() {
                 );
             }
         }
-        let out = Command::new("btrfs")
-            .args(["check", "--readonly"])
-            .arg(&img)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{kind:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let mnt = dir.path().join("mnt");
-        std::fs::create_dir(&mnt).unwrap();
-        assert!(
-            Command::new("mount")
-                .args(["-o", "ro,loop"])
-                .arg(&img)
-                .arg(&mnt)
-                .status()
-                .unwrap()
-                .success()
-        );
-        let same: Vec<bool> = files
-            .iter()
-            .map(|(n, d)| &std::fs::read(mnt.join(n)).unwrap() == *d)
-            .collect();
-        assert!(Command::new("umount").arg(&mnt).status().unwrap().success());
+        check(&img, &[]);
+        let same: Vec<bool> = with_kernel_mount(dir.path(), &img, "ro,loop", |mnt| {
+            files
+                .iter()
+                .map(|(n, d)| &std::fs::read(mnt.join(n)).unwrap() == *d)
+                .collect()
+        });
         assert_eq!(
             same,
             vec![true; 3],
@@ -138,29 +154,13 @@ fn each_algorithm_round_trips_through_the_kernel() {
 #[test]
 fn compress_skips_what_looks_incompressible_and_compress_force_tries_it() {
     let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("d.img");
-    std::fs::File::create(&img)
-        .unwrap()
-        .set_len(300 << 20)
-        .unwrap();
-    let out = Command::new("mkfs.btrfs")
-        .args(["-q", "-f"])
-        .arg(&img)
-        .output()
-        .expect("mkfs.btrfs runs");
-    assert!(out.status.success());
+    let img = mkfs(dir.path(), "d.img");
     let random = noise(21, 4 << 20);
     let echo: Vec<u8> = noise(22, 48 << 10)
         .into_iter()
         .cycle()
         .take(1 << 20)
         .collect();
-    let new = NewInode {
-        mode: libc::S_IFREG | 0o644,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-    };
     let mut files = Vec::new();
     {
         let fs = Filesystem::open_read_write(&[&img]).unwrap();
@@ -169,7 +169,7 @@ fn compress_skips_what_looks_incompressible_and_compress_force_tries_it() {
             fs.set_compress_force(force).unwrap();
             for (name, data) in [("random", &random), ("echo", &echo)] {
                 let name = format!("{name}-{}", if force { "force" } else { "compress" });
-                let id = fs.create(fs.root(), name.as_bytes(), new).unwrap().id;
+                let id = fs.create(fs.root(), name.as_bytes(), FILE).unwrap().id;
                 fs.write(id, 0, data).unwrap();
                 files.push((name, data.clone()));
             }
@@ -193,32 +193,13 @@ fn compress_skips_what_looks_incompressible_and_compress_force_tries_it() {
             assert!(&fs.read_all(id).unwrap() == data, "ubtrfs reads {name}");
         }
     }
-    let out = Command::new("btrfs")
-        .args(["check", "--readonly", "--check-data-csum"])
-        .arg(&img)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    assert!(
-        Command::new("mount")
-            .args(["-o", "ro,loop"])
-            .arg(&img)
-            .arg(&mnt)
-            .status()
-            .unwrap()
-            .success()
-    );
-    let same: Vec<bool> = files
-        .iter()
-        .map(|(n, d)| &std::fs::read(mnt.join(n)).unwrap() == d)
-        .collect();
-    assert!(Command::new("umount").arg(&mnt).status().unwrap().success());
+    check(&img, &["--check-data-csum"]);
+    let same: Vec<bool> = with_kernel_mount(dir.path(), &img, "ro,loop", |mnt| {
+        files
+            .iter()
+            .map(|(n, d)| &std::fs::read(mnt.join(n)).unwrap() == d)
+            .collect()
+    });
     assert_eq!(same, vec![true; 4], "the kernel reads what ubtrfs wrote");
 }
 
@@ -282,52 +263,22 @@ fn compress_decides_like_the_kernel() {
         ("random", &random),
         ("gzip", &gz),
     ];
-    let mkfs = |name: &str| {
-        let img = dir.path().join(name);
-        std::fs::File::create(&img)
-            .unwrap()
-            .set_len(300 << 20)
-            .unwrap();
-        let out = Command::new("mkfs.btrfs")
-            .args(["-q", "-f"])
-            .arg(&img)
-            .output()
-            .expect("mkfs.btrfs runs");
-        assert!(out.status.success());
-        img
-    };
-    let ours = mkfs("ours.img");
+    let ours = mkfs(dir.path(), "ours.img");
     {
         let fs = Filesystem::open_read_write(&[&ours]).unwrap();
         fs.set_compression(Some((Compression::Zstd, None))).unwrap();
-        let new = NewInode {
-            mode: libc::S_IFREG | 0o644,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
-        };
         for (name, data) in files {
-            let id = fs.create(fs.root(), name.as_bytes(), new).unwrap().id;
+            let id = fs.create(fs.root(), name.as_bytes(), FILE).unwrap().id;
             fs.write(id, 0, data).unwrap();
         }
         fs.commit().unwrap();
     }
-    let kernels = mkfs("kernel.img");
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    assert!(
-        Command::new("mount")
-            .args(["-o", "loop,compress=zstd"])
-            .arg(&kernels)
-            .arg(&mnt)
-            .status()
-            .unwrap()
-            .success()
-    );
-    for (name, data) in files {
-        std::fs::write(mnt.join(name), data).unwrap();
-    }
-    assert!(Command::new("umount").arg(&mnt).status().unwrap().success());
+    let kernels = mkfs(dir.path(), "kernel.img");
+    with_kernel_mount(dir.path(), &kernels, "loop,compress=zstd", |mnt| {
+        for (name, data) in files {
+            std::fs::write(mnt.join(name), data).unwrap();
+        }
+    });
     let a = Filesystem::open(&[&ours]).unwrap();
     let b = Filesystem::open(&[&kernels]).unwrap();
     for (name, data) in files {

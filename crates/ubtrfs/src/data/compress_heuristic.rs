@@ -70,15 +70,7 @@ mod tests {
     use super::*;
 
     fn noise(seed: u64, n: usize) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 24) as u8
-            })
-            .collect()
+        testkit::xorshift_bytes(seed, n)
     }
 
     #[test]

@@ -142,9 +142,7 @@ impl Filesystem {
 #[cfg(test)]
 mod tests {
     use crate::Error;
-    use crate::format::Key;
-    use crate::format::consts::{EXTENT_DATA_KEY, INODE_NODATACOW};
-    use crate::format::items::ExtentBody;
+    use crate::format::consts::INODE_NODATACOW;
     use crate::fs::NewInode;
     use crate::test_fs::TestFs;
 
@@ -161,16 +159,7 @@ mod tests {
         t.fs().set_flags(id, INODE_NODATACOW).unwrap();
         t.fs().write(id, 0, &[1u8; 12288]).unwrap();
         t.fs().commit().unwrap();
-        let mut fe = t.extent(id, 0);
-        let ExtentBody::Regular { offset, .. } = &mut fe.body else {
-            panic!("not a regular extent: {fe:?}");
-        };
-        *offset = 8192;
-        t.put(
-            id.subvol,
-            Key::new(id.ino, EXTENT_DATA_KEY, 0),
-            fe.to_bytes(),
-        );
+        t.skew_extent(id, 0, 8192);
         t.fs().commit().unwrap();
         // An overwrite in place would land in the two sectors after the
         // extent.

@@ -264,27 +264,13 @@ fn copy_at(src: &[u8], skip: u64, dst: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use crate::Error;
-    use crate::format::Key;
-    use crate::format::consts::EXTENT_DATA_KEY;
-    use crate::format::items::ExtentBody;
     use crate::test_fs::TestFs;
 
     #[test]
     fn extent_reaching_past_its_disk_extent_is_corrupt() {
         let t = TestFs::new();
         let id = t.file(b"f", &[7u8; 12288]);
-        let mut fe = t.extent(id, 0);
-        // Three sectors used from the third sector of a three-sector
-        // extent: two of them would be someone else's.
-        let ExtentBody::Regular { offset, .. } = &mut fe.body else {
-            panic!("not a regular extent: {fe:?}");
-        };
-        *offset = 8192;
-        t.put(
-            id.subvol,
-            Key::new(id.ino, EXTENT_DATA_KEY, 0),
-            fe.to_bytes(),
-        );
+        t.skew_extent(id, 0, 8192);
         match t.fs().read_all(id) {
             Err(Error::Corrupt(_)) => {}
             other => panic!("expected a corrupt-metadata error, got {other:?}"),

@@ -579,7 +579,7 @@ mod tests {
             csum_range(&plain(8192, 4096, 4096), 4096).unwrap(),
             Some(((1 << 30) + 4096, (1 << 30) + 8192))
         );
-        let huge = 256 << 20;
+        let huge = crate::format::items::LONGEST_PLAIN_EXTENT + 4096;
         assert!(matches!(
             csum_range(&plain(huge, 0, huge), 4096),
             Err(Error::Corrupt(_))

@@ -578,9 +578,15 @@ fn span(key: &Key, data: &[u8], ss: u64) -> Result<(u64, u64)> {
     let fe = FileExtentItem::parse(data)?;
     let len = match fe.body {
         ExtentBody::Regular { num_bytes, .. } => num_bytes,
-        ExtentBody::Inline(_) => fe.ram_bytes.div_ceil(ss) * ss,
+        ExtentBody::Inline(_) => fe.ram_bytes.div_ceil(ss).saturating_mul(ss),
     };
-    Ok((key.offset, key.offset + len))
+    let end = key.offset.checked_add(len).ok_or_else(|| {
+        Error::corrupt(format!(
+            "file extent at {} of {len} bytes passes the largest file offset",
+            key.offset
+        ))
+    })?;
+    Ok((key.offset, end))
 }
 
 /// Log a hole over `[from, to)` if the committed file had data there.

@@ -1959,3 +1959,41 @@ fn streams_beside_small_writes_read_back() {
         }
     }
 }
+
+/// The mount lets the kernel queue 64 background requests (page
+/// writeback, readahead), not its default 12 (its flusher still holds
+/// back past 9), so a small file's writeback
+/// at an fsync does not queue behind a stream's long writes (they wait on
+/// the deferred-write thread instead). Read from the kernel's FUSE
+/// control filesystem.
+#[test]
+fn the_kernel_may_queue_64_background_requests() {
+    require_privileged!();
+    let ctl = Path::new("/sys/fs/fuse/connections");
+    if fs::read_dir(ctl)
+        .map(|mut d| d.next().is_none())
+        .unwrap_or(true)
+    {
+        // Not mounted here yet (systemd usually mounts it); a second mount
+        // attempt over a mounted one fails harmlessly.
+        let _ = Command::new("mount")
+            .args(["-t", "fusectl", "fusectl"])
+            .arg(ctl)
+            .status();
+    }
+    let t = TestDir::new("mount-rw-max-background").unwrap();
+    let img = new_image(&t);
+    let m = RwMount::start(&img, &t.join("fuse"), &[]);
+    let dev = fs::metadata(m.path()).unwrap().dev();
+    let conn = ctl.join(libc::minor(dev).to_string());
+    let read = |name: &str| {
+        fs::read_to_string(conn.join(name))
+            .unwrap_or_else(|e| panic!("{}: {e}", conn.join(name).display()))
+            .trim()
+            .parse::<u32>()
+            .unwrap()
+    };
+    assert_eq!(read("max_background"), 64);
+    assert_eq!(read("congestion_threshold"), 9);
+    m.unmount_cleanly();
+}

@@ -252,7 +252,8 @@ fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<(Config, Settings)> 
                 // not shrink.
                 if let Some(v) = o.strip_prefix("compress-force=") {
                     compress = parse_compress(v)?;
-                    compress_force = true;
+                    // As in the kernel, compress-force=no is no compression.
+                    compress_force = compress.is_some();
                     continue;
                 }
                 if let Some(v) = o.strip_prefix("compress=") {
@@ -715,4 +716,44 @@ fn detach_stdio() {
         }
     }
     let _ = std::env::set_current_dir("/");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    /// The compression settings `-o OPTS` gives: the last option wins.
+    fn compression(opts: &str) -> (Option<(Compression, Option<i32>)>, bool) {
+        let cli = Cli::try_parse_from(["mount", "disk.img", "/mnt", "-o", opts]).unwrap();
+        let (_, s) = mount_config(&cli.args, &[PathBuf::from("disk.img")]).unwrap();
+        (s.compress, s.compress_force)
+    }
+
+    #[test]
+    fn compress_options_as_the_kernel_reads_them() {
+        let zstd = Some((Compression::Zstd, None));
+        assert_eq!(compression("compress=zstd"), (zstd, false));
+        assert_eq!(compression("compress-force=zstd"), (zstd, true));
+        assert_eq!(
+            compression("compress-force=zstd:9"),
+            (Some((Compression::Zstd, Some(9))), true)
+        );
+        assert_eq!(
+            compression("compress-force"),
+            (Some((Compression::Zlib, None)), true)
+        );
+        assert_eq!(compression("compress-force=no"), (None, false));
+        assert_eq!(
+            compression("compress-force=zstd,compress=no"),
+            (None, false)
+        );
+        assert!(!compression("compress-force=zstd,compress=lzo").1);
+    }
 }

@@ -245,7 +245,9 @@ impl Filesystem {
         for (s, e) in free {
             let mut end = e;
             let at_eof = e >= size.div_ceil(ss) * ss;
-            if at_eof && leave_tail && e - s < max_run {
+            // A partial last sector is rewritten by the next append, which
+            // would copy a lent run: left to grow as well.
+            if at_eof && leave_tail && (e - s < max_run || !size.is_multiple_of(ss)) {
                 continue;
             }
             if at_eof && e - s > MAX_COMPRESSED_RAM {
@@ -661,7 +663,9 @@ impl Filesystem {
                     let plen = p.disk_len as u64;
                     let got = match w.blocks.alloc.alloc(SpaceKind::Data, plen, ss) {
                         Some(at) => Ok(at),
-                        None if !new_chunks && plain_fits => {
+                        // A long plain piece may fit no chunk whole: the
+                        // plain path splits it.
+                        None if p.kind == Compression::None || (!new_chunks && plain_fits) => {
                             release(w, &places)?;
                             return Ok(false);
                         }

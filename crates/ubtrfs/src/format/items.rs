@@ -538,9 +538,10 @@ impl FileExtentItem {
 }
 
 /// Longest plain disk extent [`FileExtentItem::check_disk_extent`]
-/// accepts. The kernel writes at most [`MAX_EXTENT_SIZE`] (128 MiB); the
-/// margin is for other writers and versions, still small enough to bound
-/// the work done per extent.
+/// accepts. The kernel writes data extents of at most [`MAX_EXTENT_SIZE`]
+/// (128 MiB), and preallocated ones of up to 256 MiB in some versions; the
+/// margin is for other writers, still small enough to bound the work done
+/// per extent.
 pub const LONGEST_PLAIN_EXTENT: u64 = 8 * MAX_EXTENT_SIZE;
 
 /// A root item: where a tree's root block is, and the subvolume's metadata.

@@ -512,9 +512,6 @@ impl LogTree {
 /// What changed in a log: key, old data, new data.
 pub(crate) type Change = (Key, Option<Vec<u8>>, Option<Vec<u8>>);
 
-/// The disk range whose checksums a replay of file extent item `data`
-/// looks up: the referenced part of a plain extent, all of a compressed
-/// one; none for holes, inline and preallocated extents.
 /// Where the data a file extent item names starts on disk (regular and
 /// preallocated extents; holes and inline data have none).
 fn extent_start(data: &[u8]) -> Result<Option<u64>> {
@@ -525,6 +522,9 @@ fn extent_start(data: &[u8]) -> Result<Option<u64>> {
     })
 }
 
+/// The disk range whose checksums a replay of file extent item `data`
+/// looks up: the referenced part of a plain extent, all of a compressed
+/// one; none for holes, inline and preallocated extents.
 fn csum_range(data: &[u8], sectorsize: u64) -> Result<Option<(u64, u64)>> {
     use crate::format::items::{ExtentBody, FileExtentItem};
     let fe = FileExtentItem::parse(data)?;

@@ -296,13 +296,11 @@ impl CompressJobs {
     }
 
     /// Keep the buffer of a job taken for a later job's copy.
-    pub fn recycle(&self, input: Arc<Vec<u8>>) {
-        if let Ok(mut buf) = Arc::try_unwrap(input) {
-            let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
-            if spare.len() < SPARES {
-                buf.clear();
-                spare.push(buf);
-            }
+    pub fn recycle(&self, mut buf: Vec<u8>) {
+        let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        if spare.len() < SPARES {
+            buf.clear();
+            spare.push(buf);
         }
     }
 

@@ -262,12 +262,8 @@ impl Filesystem {
             let mut at = s;
             while at < end {
                 let n = (end - at).min(COMPRESS_JOB);
-                let lent = if w.lend_runs {
-                    self.delalloc().lend_run(id, at, n)
-                } else {
-                    None
-                };
-                let bytes = match lent {
+                let lent = w.lend_runs.then(|| self.delalloc().lend_run(id, at, n));
+                let bytes = match lent.flatten() {
                     Some(run) => run,
                     None => {
                         let mut bytes = self.compress_jobs.buffer();
@@ -321,7 +317,7 @@ impl Filesystem {
                 let mut d = self.delalloc();
                 if !d.matches(id, done.offset, &done.input) {
                     drop(d);
-                    self.compress_jobs.recycle(done.input);
+                    self.recycle_job_input(done.input);
                     continue;
                 }
                 d.take_range(id, done.offset, len);
@@ -329,12 +325,7 @@ impl Filesystem {
             let mut data = Vec::new();
             let r = match self.place_compressed(w, id, done.offset, len, c, true) {
                 Ok(true) => {
-                    // A lent run's buffer goes back to new runs first.
-                    if let Ok(buf) = Arc::try_unwrap(done.input)
-                        && let Some(buf) = self.delalloc().recycle(buf)
-                    {
-                        self.compress_jobs.recycle(Arc::new(buf));
-                    }
+                    self.recycle_job_input(done.input);
                     Ok(())
                 }
                 Ok(false) => {
@@ -356,6 +347,17 @@ impl Filesystem {
             }
         }
         Ok(())
+    }
+
+    /// Keep the buffer a finished job held, once nobody else holds it:
+    /// for new dirty runs first (a lent run's came from there), else for
+    /// later jobs' copies.
+    fn recycle_job_input(&self, input: Arc<Vec<u8>>) {
+        if let Ok(buf) = Arc::try_unwrap(input)
+            && let Some(buf) = self.delalloc().recycle(buf)
+        {
+            self.compress_jobs.recycle(buf);
+        }
     }
 
     /// Make sure `more` bytes of dirty data can be written back later:

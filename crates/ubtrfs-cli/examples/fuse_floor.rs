@@ -13,6 +13,7 @@
 //! permissions beyond the kernel's `default_permissions`.
 
 use anyhow::{Context, Result, bail};
+use fuse_ring::abi::{Out, opcode, split_name};
 use fuser::{
     Config, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
@@ -21,8 +22,10 @@ use fuser::{
 };
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 /// As in ubtrfs' adapter (read-write mounts).
@@ -49,13 +52,21 @@ struct Inner {
 }
 
 struct Floor {
-    inner: Mutex<Inner>,
+    inner: Arc<Mutex<Inner>>,
+    /// Whether the kernel agreed to serve over io_uring.
+    uring: Arc<AtomicBool>,
+    /// The rings, once started; joined before the session ends.
+    rings: Arc<Mutex<Option<fuse_ring::Rings>>>,
 }
 
 impl Floor {
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.inner)
     }
+}
+
+fn lock(inner: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
+    inner.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn attr(ino: u64, n: &Node) -> FileAttr {
@@ -101,7 +112,7 @@ impl Inner {
 
     fn make(
         &mut self,
-        req: &Request,
+        (uid, gid): (u32, u32),
         parent: u64,
         name: &OsStr,
         perm: u32,
@@ -119,8 +130,8 @@ impl Inner {
             size: 0,
             perm: (perm & 0o7777) as u16,
             nlink: if dir { 2 } else { 1 },
-            uid: req.uid(),
-            gid: req.gid(),
+            uid,
+            gid,
             mtime: SystemTime::now(),
         };
         let a = attr(ino, &n);
@@ -180,7 +191,23 @@ impl fuser::Filesystem for Floor {
         if let Err(max) = config.set_max_readahead(MAX_READAHEAD) {
             let _ = config.set_max_readahead(max);
         }
+        if fuse_ring::kernel_enabled()
+            && config
+                .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
+                .is_ok()
+        {
+            // The ring's payload buffers must hold the largest write.
+            let _ = config.set_max_write(RING_MAX_WRITE);
+            self.uring.store(true, Ordering::Relaxed);
+        }
         Ok(())
+    }
+
+    fn destroy(&mut self) {
+        let rings = self.rings.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(r) = rings {
+            let _ = r.join();
+        }
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
@@ -249,7 +276,10 @@ impl fuser::Filesystem for Floor {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        match self.lock().make(req, parent.0, name, mode & !umask, true) {
+        match self
+            .lock()
+            .make((req.uid(), req.gid()), parent.0, name, mode & !umask, true)
+        {
             Ok(a) => reply.entry(&TTL, &a, Generation(0)),
             Err(e) => reply.error(e),
         }
@@ -268,7 +298,10 @@ impl fuser::Filesystem for Floor {
         if mode & libc::S_IFMT != libc::S_IFREG {
             return reply.error(Errno::EPERM);
         }
-        match self.lock().make(req, parent.0, name, mode & !umask, false) {
+        match self
+            .lock()
+            .make((req.uid(), req.gid()), parent.0, name, mode & !umask, false)
+        {
             Ok(a) => reply.entry(&TTL, &a, Generation(0)),
             Err(e) => reply.error(e),
         }
@@ -284,7 +317,10 @@ impl fuser::Filesystem for Floor {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        match self.lock().make(req, parent.0, name, mode & !umask, false) {
+        match self
+            .lock()
+            .make((req.uid(), req.gid()), parent.0, name, mode & !umask, false)
+        {
             Ok(a) => reply.created(
                 &TTL,
                 &a,
@@ -482,6 +518,150 @@ impl fuser::Filesystem for Floor {
     }
 }
 
+/// `max_write` when serving over io_uring: every entry has a payload
+/// buffer this large, and the kernel sends no more in one write anyway.
+const RING_MAX_WRITE: u32 = 1 << 20;
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn wire(a: &FileAttr) -> fuse_ring::abi::Attr {
+    fuse_ring::from_fuser::attr(a)
+}
+
+/// The same filesystem, answering requests that come over io_uring.
+struct RingFloor {
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl RingFloor {
+    fn serve(&self, req: &fuse_ring::ring::Request<'_>) -> Result<Out, Errno> {
+        let h = req.header;
+        let name = || {
+            split_name(req.payload)
+                .map(|(n, _)| OsStr::from_bytes(n))
+                .ok_or(Errno::EINVAL)
+        };
+        let mut out = Out::with_capacity(256);
+        let mut g = lock(&self.inner);
+        match h.opcode {
+            opcode::LOOKUP => {
+                let r = g
+                    .dir(h.nodeid)
+                    .and_then(|d| d.get(name()?.as_bytes()).copied().ok_or(Errno::ENOENT))
+                    .and_then(|ino| g.attr_of(ino));
+                match r {
+                    Ok(a) => out.entry(a.ino.0, 0, TTL, &wire(&a)),
+                    Err(Errno::ENOENT) => {
+                        let mut none = wire(&attr(ROOT, &g.nodes[&ROOT]));
+                        none.ino = 0;
+                        out.entry(0, 0, TTL, &none)
+                    }
+                    Err(e) => return Err(e),
+                };
+            }
+            opcode::GETATTR => {
+                out.attr_out(TTL, &wire(&g.attr_of(h.nodeid)?));
+            }
+            opcode::SETATTR => {
+                let n = g.nodes.get_mut(&h.nodeid).ok_or(Errno::ENOENT)?;
+                let valid = req.arg.u32(0);
+                if valid & (1 << 0) != 0 {
+                    n.perm = (req.arg.u32(68) & 0o7777) as u16;
+                }
+                if valid & (1 << 3) != 0 {
+                    n.size = req.arg.u64(16);
+                }
+                n.mtime = SystemTime::now();
+                out.attr_out(TTL, &wire(&attr(h.nodeid, n)));
+            }
+            opcode::MKDIR | opcode::CREATE => {
+                let dir = h.opcode == opcode::MKDIR;
+                let (mode, umask) = if dir {
+                    (req.arg.u32(0), req.arg.u32(4))
+                } else {
+                    (req.arg.u32(4), req.arg.u32(8))
+                };
+                let a = g.make((h.uid, h.gid), h.nodeid, name()?, mode & !umask, dir)?;
+                out.entry(a.ino.0, 0, TTL, &wire(&a));
+                if !dir {
+                    out.open(0, FopenFlags::FOPEN_KEEP_CACHE.bits());
+                }
+            }
+            opcode::UNLINK | opcode::RMDIR => {
+                g.remove(h.nodeid, name()?, h.opcode == opcode::RMDIR)?;
+            }
+            opcode::OPEN => {
+                g.attr_of(h.nodeid)?;
+                out.open(0, FopenFlags::FOPEN_KEEP_CACHE.bits());
+            }
+            opcode::OPENDIR => {
+                g.dir(h.nodeid)?;
+                out.open(0, 0);
+            }
+            opcode::READ => {
+                let n = g.nodes.get(&h.nodeid).ok_or(Errno::ENOENT)?;
+                let len = n
+                    .size
+                    .saturating_sub(req.arg.u64(8))
+                    .min(u64::from(req.arg.u32(16)));
+                out.0.resize(len as usize, 0);
+            }
+            opcode::WRITE => {
+                let n = g.nodes.get_mut(&h.nodeid).ok_or(Errno::ENOENT)?;
+                n.size = n.size.max(req.arg.u64(8) + req.payload.len() as u64);
+                n.mtime = SystemTime::now();
+                out.u32(req.payload.len() as u32).u32(0);
+            }
+            opcode::READDIR | opcode::READDIRPLUS => {
+                let limit = req.arg.u32(16) as usize;
+                for (cookie, name, child) in g.list(h.nodeid, req.arg.u64(8))? {
+                    let Ok(a) = g.attr_of(child) else { continue };
+                    let kind = fuse_ring::from_fuser::dirent_type(a.kind);
+                    let fits = if h.opcode == opcode::READDIR {
+                        out.dirent(child, cookie, kind, &name, limit)
+                    } else {
+                        out.direntplus((child, 0, TTL, &wire(&a)), cookie, kind, &name, limit)
+                    };
+                    if !fits {
+                        break;
+                    }
+                }
+            }
+            opcode::FLUSH
+            | opcode::RELEASE
+            | opcode::RELEASEDIR
+            | opcode::FSYNC
+            | opcode::FSYNCDIR => {}
+            opcode::STATFS => {
+                let files = g.nodes.len() as u64;
+                out.u64(1 << 30)
+                    .u64(1 << 30)
+                    .u64(1 << 30)
+                    .u64(files + (1 << 30))
+                    .u64(1 << 30);
+                out.u32(4096).u32(255).u32(4096).u32(0);
+                out.0.resize(80, 0);
+            }
+            _ => return Err(Errno::ENOSYS),
+        }
+        Ok(out)
+    }
+}
+
+impl fuse_ring::Handler for RingFloor {
+    fn handle(&self, entry: fuse_ring::RingEntry) {
+        match self.serve(&entry.request()) {
+            Ok(out) => entry.reply(&[&out.0]),
+            Err(e) => entry.error(i32::from(e)),
+        }
+    }
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [mountpoint] = args.as_slice() else {
@@ -500,8 +680,13 @@ fn main() -> Result<()> {
             mtime: SystemTime::now(),
         },
     );
+    let inner = Arc::new(Mutex::new(Inner { nodes, next: 2 }));
+    let uring = Arc::new(AtomicBool::new(false));
+    let rings = Arc::new(Mutex::new(None));
     let fs = Floor {
-        inner: Mutex::new(Inner { nodes, next: 2 }),
+        inner: Arc::clone(&inner),
+        uring: Arc::clone(&uring),
+        rings: Arc::clone(&rings),
     };
     // The session setup of `ubtrfs mount`: same thread count, one
     // /dev/fuse descriptor per thread, kernel permission checks.
@@ -522,6 +707,21 @@ fn main() -> Result<()> {
     config.clone_fd = true;
     let session = fuser::Session::new(fs, mountpoint, &config)
         .with_context(|| format!("cannot mount on {mountpoint}"))?;
+    // INIT is done: if the kernel agreed, requests go over io_uring from
+    // now on. The descriptor lives as long as the session, which outlives
+    // the rings (joined in `destroy`).
+    if uring.load(Ordering::Relaxed) {
+        let ring = fuse_ring::RingConfig {
+            queues: fuse_ring::possible_cpus()?,
+            threads_per_queue: env_or("FLOOR_RING_THREADS", 2),
+            depth: env_or("FLOOR_RING_DEPTH", 1),
+            payload_size: RING_MAX_WRITE as usize,
+            pin: env_or("FLOOR_RING_PIN", 1) == 1,
+        };
+        let handler = Arc::new(RingFloor { inner });
+        let started = fuse_ring::Rings::start(session.as_fd().as_raw_fd(), &ring, handler)?;
+        *rings.lock().unwrap_or_else(|e| e.into_inner()) = Some(started);
+    }
     session.run().context("serving")?;
     Ok(())
 }

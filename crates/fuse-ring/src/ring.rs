@@ -1,0 +1,449 @@
+//! The rings: threads that each own an io_uring, keep entries registered
+//! with the kernel's FUSE queue of one CPU, and hand each arriving request
+//! to the [`Handler`].
+//!
+//! An entry is a pair of buffers the kernel copies a request into (a
+//! 288-byte header block and a payload as large as the largest write). Its
+//! command completes when a request arrives; the reply goes back into the
+//! same buffers and is committed with the command that also fetches the
+//! entry's next request. A thread with few entries is a thread that is
+//! free when its entries are: several threads per queue let one request
+//! wait (an fsync) while others on the same CPU go on.
+
+use crate::Error;
+use crate::abi::{Args, IN_HEADER_LEN, InHeader, OUT_HEADER_LEN};
+use io_uring::{IoUring, cqueue, opcode, squeue::Entry128, types};
+use std::cell::UnsafeCell;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::{JoinHandle, ThreadId};
+use std::time::Duration;
+
+/// `struct fuse_uring_req_header`: request/reply header, the operation's
+/// fixed argument, then `struct fuse_uring_ent_in_out`.
+const HEADERS_LEN: usize = 288;
+const OP_IN_AT: usize = 128;
+const OP_IN_LEN: usize = 128;
+const ENT_COMMIT_ID_AT: usize = 256 + 8;
+const ENT_PAYLOAD_SZ_AT: usize = 256 + 16;
+/// `enum fuse_uring_cmd`.
+const CMD_REGISTER: u32 = 1;
+const CMD_COMMIT_AND_FETCH: u32 = 2;
+/// The kernel wants exactly two buffers per entry: headers, payload.
+const IOVECS: u32 = 2;
+/// `user_data` of the eventfd read that wakes a thread for replies made
+/// on other threads.
+const WAKE: u64 = u64::MAX;
+/// The kernel's smallest payload (`FUSE_MIN_READ_BUFFER`).
+const MIN_PAYLOAD: usize = 8192;
+
+/// How many rings, entries and buffers to set up.
+#[derive(Clone, Debug)]
+pub struct RingConfig {
+    /// Queues: one per possible CPU ([`crate::possible_cpus`]).
+    pub queues: usize,
+    /// Threads (each with its own ring) serving one queue.
+    pub threads_per_queue: usize,
+    /// Entries each thread keeps registered.
+    pub depth: usize,
+    /// Payload buffer size: at least the mount's `max_write` and its
+    /// largest read (`max_pages` pages).
+    pub payload_size: usize,
+    /// Run each queue's threads on that queue's CPU.
+    pub pin: bool,
+}
+
+/// What serves the requests. Called on a ring thread; the entry may be
+/// moved to another thread and replied to there.
+pub trait Handler: Send + Sync + 'static {
+    /// Serves one request: read [`RingEntry::request`], then reply.
+    fn handle(&self, entry: RingEntry);
+}
+
+/// One entry's buffers. The kernel writes them while the entry waits for
+/// a request; the [`RingEntry`] that holds the request has them to itself
+/// until it replies. Nothing else touches them.
+struct Buffers {
+    headers: UnsafeCell<Box<[u8]>>,
+    payload: UnsafeCell<Box<[u8]>>,
+    iov: UnsafeCell<[libc::iovec; 2]>,
+}
+
+// SAFETY: access is handed over as described on `Buffers`: the ring thread
+// only while the entry is with the kernel, the `RingEntry` only while it
+// holds the request.
+unsafe impl Sync for Buffers {}
+unsafe impl Send for Buffers {}
+
+impl Buffers {
+    fn new(payload_size: usize) -> Arc<Buffers> {
+        let b = Arc::new(Buffers {
+            headers: UnsafeCell::new(vec![0u8; HEADERS_LEN].into_boxed_slice()),
+            payload: UnsafeCell::new(vec![0u8; payload_size].into_boxed_slice()),
+            iov: UnsafeCell::new(
+                [libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                }; 2],
+            ),
+        });
+        // SAFETY: nobody else has the buffers yet.
+        unsafe {
+            let h = &mut *b.headers.get();
+            let p = &mut *b.payload.get();
+            *b.iov.get() = [
+                libc::iovec {
+                    iov_base: h.as_mut_ptr().cast(),
+                    iov_len: h.len(),
+                },
+                libc::iovec {
+                    iov_base: p.as_mut_ptr().cast(),
+                    iov_len: p.len(),
+                },
+            ];
+        }
+        b
+    }
+}
+
+/// Replies waiting to be committed by the thread that owns their entries.
+struct Mailbox {
+    replied: Mutex<Vec<(usize, u64)>>,
+    wake: OwnedFd,
+    owner: OnceLock<ThreadId>,
+}
+
+impl Mailbox {
+    fn post(&self, index: usize, commit_id: u64) {
+        self.replied
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((index, commit_id));
+        // The owner looks at its mailbox before it waits again.
+        if self.owner.get() != Some(&std::thread::current().id()) {
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: an eventfd takes 8-byte writes from this buffer.
+            let _ = unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), 8) };
+        }
+    }
+}
+
+/// A request the kernel handed over, and the way to answer it. Dropping it
+/// unanswered answers EIO, so the caller never waits for ever.
+pub struct RingEntry {
+    bufs: Arc<Buffers>,
+    index: usize,
+    mailbox: Arc<Mailbox>,
+    header: InHeader,
+    arg_len: usize,
+    payload_len: usize,
+    commit_id: u64,
+    replied: bool,
+}
+
+/// A request as it arrived: header, the operation's fixed argument, and
+/// the rest (names, data).
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a> {
+    /// Who asks what of which inode.
+    pub header: InHeader,
+    /// The fixed argument structure (`fuse_write_in`, ...), empty for
+    /// operations without one (LOOKUP, UNLINK, ...).
+    pub arg: Args<'a>,
+    /// Names and data following the fixed argument.
+    pub payload: &'a [u8],
+}
+
+impl RingEntry {
+    /// The request, borrowed from the entry's buffers: answering takes the
+    /// entry, so the borrow ends before the buffers are reused for the reply.
+    pub fn request(&self) -> Request<'_> {
+        // SAFETY: this entry holds the request (see `Buffers`).
+        let (h, p) = unsafe { (&*self.bufs.headers.get(), &*self.bufs.payload.get()) };
+        Request {
+            header: self.header,
+            arg: Args(&h[OP_IN_AT..OP_IN_AT + self.arg_len]),
+            payload: &p[..self.payload_len],
+        }
+    }
+
+    /// The request's header.
+    pub fn header(&self) -> InHeader {
+        self.header
+    }
+
+    /// Answers with the concatenation of `parts` as the reply's arguments.
+    /// A reply too large for the entry answers EIO instead.
+    pub fn reply(mut self, parts: &[&[u8]]) {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        // SAFETY: this entry holds the buffers until it posts the commit.
+        let payload = unsafe { &mut *self.bufs.payload.get() };
+        if total > payload.len() {
+            return self.error(libc::EIO);
+        }
+        let mut at = 0;
+        for p in parts {
+            payload[at..at + p.len()].copy_from_slice(p);
+            at += p.len();
+        }
+        self.finish(0, total);
+    }
+
+    /// Answers with an error number (positive, as in `errno`).
+    pub fn error(mut self, errno: i32) {
+        self.finish(-errno.abs(), 0);
+    }
+
+    fn finish(&mut self, error: i32, payload_len: usize) {
+        // SAFETY: as in `reply`.
+        let h = unsafe { &mut *self.bufs.headers.get() };
+        let len = (OUT_HEADER_LEN + payload_len) as u32;
+        h[0..4].copy_from_slice(&len.to_ne_bytes());
+        h[4..8].copy_from_slice(&error.to_ne_bytes());
+        h[8..16].copy_from_slice(&self.header.unique.to_ne_bytes());
+        h[ENT_PAYLOAD_SZ_AT..ENT_PAYLOAD_SZ_AT + 4]
+            .copy_from_slice(&(payload_len as u32).to_ne_bytes());
+        self.replied = true;
+        self.mailbox.post(self.index, self.commit_id);
+    }
+}
+
+impl Drop for RingEntry {
+    fn drop(&mut self) {
+        if !self.replied {
+            self.finish(-libc::EIO, 0);
+        }
+    }
+}
+
+/// The running rings.
+pub struct Rings {
+    threads: Vec<JoinHandle<io::Result<()>>>,
+}
+
+impl Rings {
+    /// Sets up every queue's rings on `fuse` (the session's `/dev/fuse`
+    /// descriptor) and starts their threads. All rings exist before any
+    /// entry is registered: once the first one is, the kernel holds new
+    /// requests until every queue has one, so a half set-up would hang
+    /// the mount. Registration waits for the kernel to finish INIT.
+    pub fn start(
+        fuse: RawFd,
+        config: &RingConfig,
+        handler: Arc<dyn Handler>,
+    ) -> Result<Rings, Error> {
+        let payload_size = config.payload_size.max(MIN_PAYLOAD);
+        let depth = config.depth.max(1);
+        let mut prepared = Vec::new();
+        for qid in 0..config.queues {
+            for _ in 0..config.threads_per_queue.max(1) {
+                let sq = ((depth + 1).next_power_of_two() as u32).max(4);
+                let ring: IoUring<Entry128, cqueue::Entry> = IoUring::builder().build(sq)?;
+                // SAFETY: plain eventfd creation; the result is checked.
+                let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+                if efd < 0 {
+                    return Err(io::Error::last_os_error().into());
+                }
+                let mailbox = Arc::new(Mailbox {
+                    replied: Mutex::new(Vec::new()),
+                    // SAFETY: a descriptor just created and owned by nobody else.
+                    wake: unsafe { OwnedFd::from_raw_fd(efd) },
+                    owner: OnceLock::new(),
+                });
+                let bufs = (0..depth).map(|_| Buffers::new(payload_size)).collect();
+                prepared.push(Queue {
+                    fuse,
+                    qid: qid as u16,
+                    ring,
+                    mailbox,
+                    bufs,
+                    pin: config.pin,
+                });
+            }
+        }
+        let mut threads = Vec::new();
+        for q in prepared {
+            let handler = Arc::clone(&handler);
+            let name = format!("fuse-ring-{}", q.qid);
+            threads.push(
+                std::thread::Builder::new()
+                    .name(name)
+                    .spawn(move || q.serve(&*handler))?,
+            );
+        }
+        Ok(Rings { threads })
+    }
+
+    /// Waits for every thread: they end when the kernel ends the
+    /// connection (unmount or abort). The first error a thread met, if any.
+    pub fn join(self) -> io::Result<()> {
+        let mut first = Ok(());
+        for t in self.threads {
+            let r = t
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("ring thread panicked")));
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+}
+
+/// One thread's ring and entries, for one queue.
+struct Queue {
+    fuse: RawFd,
+    qid: u16,
+    ring: IoUring<Entry128, cqueue::Entry>,
+    mailbox: Arc<Mailbox>,
+    bufs: Vec<Arc<Buffers>>,
+    pin: bool,
+}
+
+/// `struct fuse_uring_cmd_req` in the command area of a 128-byte SQE.
+fn command(op: u32, fuse: RawFd, qid: u16, commit_id: u64, addr: Option<u64>) -> Entry128 {
+    let mut cmd = [0u8; 80];
+    cmd[8..16].copy_from_slice(&commit_id.to_ne_bytes());
+    cmd[16..18].copy_from_slice(&qid.to_ne_bytes());
+    let mut sqe = opcode::UringCmd80::new(types::Fd(fuse), op).cmd(cmd);
+    if let Some(a) = addr {
+        sqe = sqe.addr(Some(a));
+    }
+    let sqe = sqe.build();
+    if addr.is_none() {
+        return sqe;
+    }
+    // The iovec count goes in the SQE's `len` (bytes 24..28), which the
+    // builder does not expose.
+    // SAFETY: `Entry128` is a plain 128-byte `repr(C)` SQE.
+    let mut raw: [u8; 128] = unsafe { std::mem::transmute(sqe) };
+    raw[24..28].copy_from_slice(&IOVECS.to_ne_bytes());
+    // SAFETY: as above; every byte pattern is a valid SQE to build.
+    unsafe { std::mem::transmute::<[u8; 128], Entry128>(raw) }
+}
+
+impl Queue {
+    fn register(&self, index: usize) -> Entry128 {
+        let iov = self.bufs[index].iov.get() as u64;
+        command(CMD_REGISTER, self.fuse, self.qid, 0, Some(iov)).user_data(index as u64)
+    }
+
+    fn push(&mut self, sqe: &Entry128) -> io::Result<()> {
+        loop {
+            // SAFETY: every buffer an SQE points at lives in `self.bufs`
+            // (or `wake_buf`) for as long as the ring.
+            if unsafe { self.ring.submission().push(sqe) }.is_ok() {
+                return Ok(());
+            }
+            self.ring.submit()?;
+        }
+    }
+
+    fn serve(mut self, handler: &dyn Handler) -> io::Result<()> {
+        let _ = self.mailbox.owner.set(std::thread::current().id());
+        if self.pin {
+            pin_to_cpu(usize::from(self.qid));
+        }
+        let mut wake_buf = Box::new(0u64);
+        let wake_read = |buf: &mut u64, fd: RawFd| {
+            opcode::Read::new(types::Fd(fd), (buf as *mut u64).cast(), 8)
+                .build()
+                .user_data(WAKE)
+        };
+        let wake_fd = self.mailbox.wake.as_raw_fd();
+        self.push(&Entry128::from(wake_read(&mut wake_buf, wake_fd)))?;
+        for i in 0..self.bufs.len() {
+            let sqe = self.register(i);
+            self.push(&sqe)?;
+        }
+        let mut live = self.bufs.len();
+        let mut first_error = None;
+        let mut completed = Vec::new();
+        loop {
+            let replied = std::mem::take(
+                &mut *self
+                    .mailbox
+                    .replied
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()),
+            );
+            for (index, commit_id) in replied {
+                let sqe = command(CMD_COMMIT_AND_FETCH, self.fuse, self.qid, commit_id, None)
+                    .user_data(index as u64);
+                self.push(&sqe)?;
+            }
+            if live == 0 {
+                break;
+            }
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) => return Err(e),
+            }
+            completed.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+            for (data, res) in completed.drain(..) {
+                if data == WAKE {
+                    self.push(&Entry128::from(wake_read(&mut wake_buf, wake_fd)))?;
+                    continue;
+                }
+                let index = data as usize;
+                match res {
+                    0.. => handler.handle(self.arrived(index)),
+                    // Registered before the kernel finished INIT.
+                    r if r == -libc::EAGAIN || r == -libc::EINTR => {
+                        std::thread::sleep(Duration::from_millis(1));
+                        let sqe = self.register(index);
+                        self.push(&sqe)?;
+                    }
+                    // The connection is over (unmount, abort): the entry too.
+                    r => {
+                        live -= 1;
+                        if r != -libc::ENOTCONN && r != -libc::ECANCELED && first_error.is_none() {
+                            first_error = Some(io::Error::from_raw_os_error(-r));
+                        }
+                    }
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// The entry at `index` holds a request: hand it out.
+    fn arrived(&self, index: usize) -> RingEntry {
+        let bufs = Arc::clone(&self.bufs[index]);
+        // SAFETY: the kernel is done with the entry until it is committed.
+        let h = unsafe { &*bufs.headers.get() };
+        let header = InHeader::parse(&h[..IN_HEADER_LEN]);
+        let a = Args(h);
+        let payload_cap = unsafe { (&*bufs.payload.get()).len() };
+        let payload_len = (a.u32(ENT_PAYLOAD_SZ_AT) as usize).min(payload_cap);
+        // What is neither header nor payload is the fixed argument.
+        let arg_len = (header.len as usize)
+            .saturating_sub(IN_HEADER_LEN + payload_len)
+            .min(OP_IN_LEN);
+        RingEntry {
+            bufs,
+            index,
+            mailbox: Arc::clone(&self.mailbox),
+            header,
+            arg_len,
+            payload_len,
+            commit_id: a.u64(ENT_COMMIT_ID_AT),
+            replied: false,
+        }
+    }
+}
+
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET stays inside it for any
+    // CPU below its size, which the check ensures.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if cpu < 8 * std::mem::size_of::<libc::cpu_set_t>() {
+            libc::CPU_SET(cpu, &mut set);
+            // Best effort: an offline CPU only costs locality.
+            let _ = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+    }
+}

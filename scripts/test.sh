@@ -69,6 +69,11 @@ if ((root)); then
     grep -qw btrfs /proc/filesystems ||
         die "the btrfs kernel module is not available (not in /proc/filesystems); the tests need it"
     [ -e /dev/loop-control ] || die "/dev/loop-control is missing; the tests need loop devices"
+    # FUSE over io_uring (Linux 6.14+): mounts take their requests over it
+    # when the kernel offers it; tests that want /dev/fuse say nouring.
+    uring=/sys/module/fuse/parameters/enable_uring
+    [ -e "$uring" ] || die "$uring is missing: the kernel has no FUSE over io_uring, which the tests need"
+    echo Y >"$uring"
     export UBTRFS_REQUIRE_PRIVILEGED=1
 else
     die "run as root: the tests attach loop devices and mount btrfs"

@@ -82,9 +82,12 @@
 pub mod control;
 mod copy;
 mod deferred;
+mod reply;
+mod ring;
 mod served;
 mod write;
 
+pub(crate) use ring::Access;
 pub use served::Served;
 
 use crate::util::rdev_to_fuse;
@@ -94,9 +97,14 @@ use fuser::{
     KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
     ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
 };
+use reply::{
+    AttrReply, Caller, CreateReply, DataReply, DirPlusReply, DirReply, EmptyReply, EntryReply,
+    IoctlReply, LseekReply, OpenReply, StatfsReply, WriteAnswer, WriteReply, XattrReply,
+};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use ubtrfs::data::seek::Whence;
 use ubtrfs::format::items::Timespec;
@@ -146,9 +154,13 @@ pub struct Options {
     /// Inode flags every new regular file gets (the `nodatacow` and
     /// `nodatasum` mount options), as the kernel gives them.
     pub new_file_flags: u64,
+    /// Serve over io_uring when the kernel offers it (`uring` option).
+    pub uring: bool,
 }
 
-/// A ubtrfs filesystem served over FUSE.
+/// A ubtrfs filesystem served over FUSE. Clones share everything: one
+/// answers through `fuser`, another over io_uring (`ring.rs`).
+#[derive(Clone)]
 pub struct FuseFs {
     served: Arc<Served>,
     root: InodeId,
@@ -156,16 +168,28 @@ pub struct FuseFs {
     sectorsize: u64,
     new_file_flags: u64,
     /// What the kernel agreed to at init.
-    writeback_cache: bool,
-    killpriv: bool,
-    posix_acl: bool,
-    stats: control::Stats,
+    agreed: Arc<Agreed>,
+    stats: Arc<control::Stats>,
     /// Special files (fifos, sockets, device nodes) whose last name went
     /// while the kernel still knew them: they are opened without FUSE, so
     /// they live until the kernel forgets them.
-    held_until_forget: std::sync::Mutex<std::collections::HashSet<InodeId>>,
+    held_until_forget: Arc<std::sync::Mutex<std::collections::HashSet<InodeId>>>,
     /// Long writes waiting for writeback room, once the session started.
-    deferred: Option<deferred::DeferredWrites>,
+    deferred: Arc<OnceLock<deferred::DeferredWrites>>,
+    /// Whether to ask the kernel for FUSE over io_uring.
+    uring_wanted: bool,
+    /// The io_uring queues, once started; stopped before the last commit.
+    rings: Arc<std::sync::Mutex<Option<fuse_ring::Rings>>>,
+}
+
+/// Capabilities the kernel agreed to at init (set once, before any other
+/// request).
+#[derive(Default)]
+struct Agreed {
+    writeback_cache: AtomicBool,
+    killpriv: AtomicBool,
+    posix_acl: AtomicBool,
+    uring: AtomicBool,
 }
 
 impl FuseFs {
@@ -178,13 +202,28 @@ impl FuseFs {
             root: opts.root,
             sectorsize,
             new_file_flags: opts.new_file_flags,
-            writeback_cache: false,
-            killpriv: false,
-            posix_acl: false,
-            stats: control::Stats::default(),
-            held_until_forget: Default::default(),
-            deferred: None,
+            agreed: Arc::default(),
+            stats: Arc::default(),
+            held_until_forget: Arc::default(),
+            deferred: Arc::default(),
+            uring_wanted: opts.uring,
+            rings: Arc::default(),
         }
+    }
+
+    /// Whether the kernel took the writeback cache.
+    fn writeback_cache(&self) -> bool {
+        self.agreed.writeback_cache.load(Ordering::Relaxed)
+    }
+
+    /// Whether the mount kills set-user-ID bits (`FUSE_HANDLE_KILLPRIV_V2`).
+    fn killpriv(&self) -> bool {
+        self.agreed.killpriv.load(Ordering::Relaxed)
+    }
+
+    /// Whether the kernel enforces POSIX ACLs.
+    fn posix_acl(&self) -> bool {
+        self.agreed.posix_acl.load(Ordering::Relaxed)
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<InodeId>> {
@@ -391,7 +430,7 @@ fn negative_entry() -> FileAttr {
 
 /// Answer an xattr request with the size-probe protocol: a request of size
 /// 0 learns the size, a too-small buffer gets `ERANGE`.
-fn reply_sized(reply: ReplyXattr, size: u32, data: &[u8]) {
+fn reply_sized<R: XattrReply>(reply: R, size: u32, data: &[u8]) {
     let Ok(len) = u32::try_from(data.len()) else {
         return reply.error(Errno::E2BIG);
     };
@@ -424,9 +463,15 @@ impl fuser::Filesystem for FuseFs {
         }
         for cap in wanted {
             match config.add_capabilities(cap) {
-                Ok(()) if cap == InitFlags::FUSE_WRITEBACK_CACHE => self.writeback_cache = true,
-                Ok(()) if cap == InitFlags::FUSE_HANDLE_KILLPRIV_V2 => self.killpriv = true,
-                Ok(()) if cap == InitFlags::FUSE_POSIX_ACL => self.posix_acl = true,
+                Ok(()) if cap == InitFlags::FUSE_WRITEBACK_CACHE => {
+                    self.agreed.writeback_cache.store(true, Ordering::Relaxed)
+                }
+                Ok(()) if cap == InitFlags::FUSE_HANDLE_KILLPRIV_V2 => {
+                    self.agreed.killpriv.store(true, Ordering::Relaxed)
+                }
+                Ok(()) if cap == InitFlags::FUSE_POSIX_ACL => {
+                    self.agreed.posix_acl.store(true, Ordering::Relaxed)
+                }
                 Ok(()) => {}
                 Err(_) => tracing::debug!("kernel lacks FUSE capability {cap:?}"),
             }
@@ -443,16 +488,39 @@ impl fuser::Filesystem for FuseFs {
         let _ = config.set_congestion_threshold(CONGESTION_THRESHOLD);
         if self.served.writable() {
             // Without the thread, long writes wait in FUSE threads as before.
-            self.deferred = deferred::DeferredWrites::start(self.write_ctx())
-                .inspect_err(|e| tracing::warn!("no thread for deferred writes: {e}"))
-                .ok();
+            match deferred::DeferredWrites::start(self.write_ctx()) {
+                Ok(d) => {
+                    let _ = self.deferred.set(d);
+                }
+                Err(e) => tracing::warn!("no thread for deferred writes: {e}"),
+            }
+        }
+        // Over io_uring when the kernel offers it; the rings start once
+        // INIT is answered (`start_rings`).
+        if self.uring_wanted
+            && fuse_ring::kernel_enabled()
+            && config
+                .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
+                .is_ok()
+        {
+            // Every ring entry has a payload buffer of `max_write` bytes.
+            let _ = config.set_max_write(ring::MAX_WRITE);
+            self.agreed.uring.store(true, Ordering::Relaxed);
         }
         Ok(())
     }
 
     fn destroy(&mut self) {
-        if let Some(d) = self.deferred.take() {
+        if let Some(d) = self.deferred.get() {
             d.stop();
+        }
+        // The connection is gone: the rings' threads end once their
+        // requests are answered, before the last commit.
+        let rings = self.rings.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(r) = rings
+            && let Err(e) = r.join()
+        {
+            tracing::warn!("io_uring queues: {e}");
         }
         // The session is over: the last commit. It runs once however often
         // this is reached; the mount command reports its outcome.
@@ -460,61 +528,20 @@ impl fuser::Filesystem for FuseFs {
             tracing::debug!("{e}");
         }
     }
-
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.stats.count(Counter::Lookup);
-        let result = self.served.read(|fs| {
-            let id = self.child(fs, self.inode_of(parent), name.as_bytes())?;
-            self.entry(&fs.stat(id).map_err(errno)?)
-        });
-        match result {
-            Ok((attr, generation)) => reply.entry(&self.ttl(), &attr, generation),
-            // A negative entry (inode 0) the kernel may cache: a name only
-            // appears through the kernel, which then drops it.
-            Err(Errno::ENOENT) => reply.entry(&self.ttl(), &negative_entry(), Generation(0)),
-            Err(e) => reply.error(e),
-        }
+        self.on_lookup(&Caller::from(_req), parent, name, reply)
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.stats.count(Counter::Getattr);
-        match self
-            .served
-            .read(|fs| self.stat(fs, ino))
-            .and_then(|st| self.attr(&st))
-        {
-            Ok(attr) => reply.attr(&self.ttl(), &attr),
-            Err(e) => reply.error(e),
-        }
+        self.on_getattr(&Caller::from(_req), ino, _fh, reply)
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.served.read(|fs| fs.read_link(self.inode_of(ino))) {
-            Ok(target) => reply.data(&target),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.on_readlink(&Caller::from(_req), ino, reply)
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let writing = flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0;
-        if writing && !self.served.writable() {
-            return reply.error(Errno::EROFS);
-        }
-        match self.served.read(|fs| self.stat(fs, ino)) {
-            Ok(st) if st.kind == FileKind::Dir => reply.error(Errno::EISDIR),
-            // Nothing changes data behind the kernel's back (see the module
-            // documentation): keep the page cache.
-            Ok(_) if !self.served.writable() => {
-                reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
-            }
-            // O_TRUNC reaches `setattr` first (no atomic O_TRUNC asked for).
-            // The open file keeps its inode alive if its last name goes.
-            Ok(_) => {
-                self.served.read(|fs| fs.hold_inode(self.inode_of(ino)));
-                reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
-            }
-            Err(e) => reply.error(e),
-        }
+        self.on_open(&Caller::from(_req), ino, flags, reply)
     }
 
     fn read(
@@ -528,15 +555,16 @@ impl fuser::Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.stats.count(Counter::Read);
-        self.stats.max(Counter::MaxRead, u64::from(size));
-        match self
-            .served
-            .read(|fs| fs.read(self.inode_of(ino), offset, size as usize))
-        {
-            Ok(data) => reply.data(&data),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.on_read(
+            &Caller::from(_req),
+            ino,
+            _fh,
+            offset,
+            size,
+            _flags,
+            _lock_owner,
+            reply,
+        )
     }
 
     fn release(
@@ -549,15 +577,15 @@ impl fuser::Filesystem for FuseFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        if !self.served.writable() {
-            return reply.ok();
-        }
-        // The last close of an unlinked file deletes it.
-        let id = self.inode_of(ino);
-        match self.served.write(|fs| fs.release_inode(id).map_err(errno)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        self.on_release(
+            &Caller::from(_req),
+            ino,
+            _fh,
+            _flags,
+            _lock_owner,
+            _flush,
+            reply,
+        )
     }
 
     fn flush(
@@ -568,33 +596,15 @@ impl fuser::Filesystem for FuseFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Called on every close(2), after the kernel has written back the
-        // file's dirty pages (writeback cache); the adapter buffers nothing
-        // of its own. Making it durable is fsync's job (close does not
-        // promise that).
-        reply.ok();
+        self.on_flush(&Caller::from(_req), _ino, _fh, _lock_owner, reply)
     }
 
     fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, ds: bool, reply: ReplyEmpty) {
-        // The kernel has written back the file's dirty pages and waited for
-        // those writes before it asks. The library logs the file when it
-        // can, else commits. On a read-only mount nothing is ever dirty.
-        match self.served.fsync(self.inode_of(ino), ino, ds) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        self.on_fsync(&Caller::from(_req), ino, _fh, ds, reply)
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.served.read(|fs| self.stat(fs, ino)) {
-            Ok(st) if st.kind != FileKind::Dir => reply.error(Errno::ENOTDIR),
-            // A read-only directory never changes: let the kernel cache listings.
-            Ok(_) if !self.served.writable() => {
-                reply.opened(FileHandle(0), FopenFlags::FOPEN_CACHE_DIR)
-            }
-            Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
-            Err(e) => reply.error(e),
-        }
+        self.on_opendir(&Caller::from(_req), ino, _flags, reply)
     }
 
     fn readdir(
@@ -603,26 +613,9 @@ impl fuser::Filesystem for FuseFs {
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectory,
+        reply: ReplyDirectory,
     ) {
-        self.stats.count(Counter::Readdir);
-        let entries = match self
-            .served
-            .read(|fs| self.entries(fs, self.inode_of(ino), offset))
-        {
-            Ok(e) => e,
-            Err(e) => return reply.error(e),
-        };
-        for (cookie, name, id, kind) in entries {
-            let fino = match self.to_fuse(id) {
-                Ok(n) => n,
-                Err(e) => return reply.error(e),
-            };
-            if reply.add(fino, cookie, file_type(kind), OsStr::from_bytes(&name)) {
-                break;
-            }
-        }
-        reply.ok();
+        self.on_readdir(&Caller::from(_req), ino, _fh, offset, reply)
     }
 
     fn readdirplus(
@@ -631,31 +624,9 @@ impl fuser::Filesystem for FuseFs {
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectoryPlus,
+        reply: ReplyDirectoryPlus,
     ) {
-        self.stats.count(Counter::Readdirplus);
-        // Listing and attributes under one hold of the lock: one snapshot.
-        let listed = self.served.read(|fs| {
-            let entries = self.entries(fs, self.inode_of(ino), offset)?;
-            let mut out = Vec::with_capacity(entries.len());
-            for (cookie, name, id, _kind) in entries {
-                let st = fs.stat(id).map_err(errno)?;
-                out.push((cookie, name, self.entry(&st)?));
-            }
-            Ok::<_, Errno>(out)
-        });
-        let listed = match listed {
-            Ok(l) => l,
-            Err(e) => return reply.error(e),
-        };
-        let ttl = self.ttl();
-        for (cookie, name, (attr, generation)) in listed {
-            let name = OsStr::from_bytes(&name);
-            if reply.add(attr.ino, cookie, name, &ttl, &attr, generation) {
-                break;
-            }
-        }
-        reply.ok();
+        self.on_readdirplus(&Caller::from(_req), ino, _fh, offset, reply)
     }
 
     fn releasedir(
@@ -666,77 +637,28 @@ impl fuser::Filesystem for FuseFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        self.on_releasedir(&Caller::from(_req), _ino, _fh, _flags, reply)
     }
 
     fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, ds: bool, reply: ReplyEmpty) {
-        // The directory's entries go into the log tree, with the names
-        // they need, as a file's fsync does.
-        match self.served.fsync(self.inode_of(ino), ino, ds) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        self.on_fsyncdir(&Caller::from(_req), ino, _fh, ds, reply)
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let s = self.served.read(|fs| fs.statfs());
-        let bsize = u64::from(s.block_size.max(1));
-        let free = s.free_bytes / bsize;
-        reply.statfs(
-            s.total_bytes / bsize,
-            free,
-            free,
-            s.files,
-            0,
-            s.block_size,
-            s.name_max,
-            s.block_size,
-        );
+        self.on_statfs(&Caller::from(_req), _ino, reply)
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        self.stats.count(Counter::Getxattr);
-        match self
-            .served
-            .read(|fs| fs.get_xattr(self.inode_of(ino), name.as_bytes()))
-        {
-            Ok(Some(value)) => reply_sized(reply, size, &value),
-            Ok(None) => reply.error(Errno::NO_XATTR),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.on_getxattr(&Caller::from(_req), ino, name, size, reply)
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        match self.served.read(|fs| fs.list_xattrs(self.inode_of(ino))) {
-            Ok(names) => {
-                let mut list = Vec::new();
-                for n in names {
-                    list.extend_from_slice(&n);
-                    list.push(0);
-                }
-                reply_sized(reply, size, &list);
-            }
-            Err(e) => reply.error(errno(e)),
-        }
+        self.on_listxattr(&Caller::from(_req), ino, size, reply)
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        let st = match self.served.read(|fs| self.stat(fs, ino)) {
-            Ok(s) => s,
-            Err(e) => return reply.error(e),
-        };
-        if mask.contains(AccessFlags::W_OK) && !self.served.writable() {
-            return reply.error(Errno::EROFS);
-        }
-        if permitted(&st, req.uid(), req.gid(), mask) {
-            reply.ok();
-        } else {
-            reply.error(Errno::EACCES);
-        }
+        self.on_access(&Caller::from(req), ino, mask, reply)
     }
-
-    // Everything below changes the filesystem (see `write.rs`): EROFS on a
-    // read-only mount.
 
     fn setattr(
         &self,
@@ -756,11 +678,9 @@ impl fuser::Filesystem for FuseFs {
         flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        // Birth time, backup times and BSD flags come from macOS only.
-        if crtime.is_some() || chgtime.is_some() || bkuptime.is_some() || flags.is_some() {
-            return reply.error(Errno::EOPNOTSUPP);
-        }
-        let change = write::Change {
+        self.on_setattr(
+            &Caller::from(req),
+            ino,
             mode,
             uid,
             gid,
@@ -768,12 +688,13 @@ impl fuser::Filesystem for FuseFs {
             atime,
             mtime,
             ctime,
-        };
-        self.stats.count(Counter::Setattr);
-        match self.do_setattr(req, ino, change) {
-            Ok(attr) => reply.attr(&self.ttl(), &attr),
-            Err(e) => reply.error(e),
-        }
+            _fh,
+            crtime,
+            chgtime,
+            bkuptime,
+            flags,
+            reply,
+        )
     }
 
     fn mknod(
@@ -786,10 +707,7 @@ impl fuser::Filesystem for FuseFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        match self.do_create(req, parent, name, mode, umask, rdev) {
-            Ok((attr, generation)) => reply.entry(&self.ttl(), &attr, generation),
-            Err(e) => reply.error(e),
-        }
+        self.on_mknod(&Caller::from(req), parent, name, mode, umask, rdev, reply)
     }
 
     fn mkdir(
@@ -801,42 +719,11 @@ impl fuser::Filesystem for FuseFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let mode = libc::S_IFDIR | (mode & 0o7777);
-        match self.do_create(req, parent, name, mode, umask, 0) {
-            Ok((attr, generation)) => reply.entry(&self.ttl(), &attr, generation),
-            Err(e) => reply.error(e),
-        }
+        self.on_mkdir(&Caller::from(req), parent, name, mode, umask, reply)
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let dir = self.inode_of(parent);
-        match self.served.write(|fs| {
-            // A special file may be open without FUSE ever seeing an open:
-            // its last name going keeps it until the kernel forgets it.
-            let special = fs.lookup(dir, name.as_bytes()).ok().and_then(|e| {
-                let st = fs.stat(e.id).ok()?;
-                let special = matches!(
-                    st.kind,
-                    FileKind::Fifo | FileKind::Socket | FileKind::CharDev | FileKind::BlockDev
-                );
-                (special && st.nlink == 1).then_some(e.id)
-            });
-            if let Some(id) = special {
-                fs.hold_inode(id);
-            }
-            let r = fs.unlink(dir, name.as_bytes()).map_err(errno);
-            if let Some(id) = special {
-                if r.is_ok() {
-                    self.held().insert(id);
-                } else {
-                    fs.release_inode(id).map_err(errno)?;
-                }
-            }
-            r
-        }) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        self.on_unlink(&Caller::from(_req), parent, name, reply)
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
@@ -849,16 +736,8 @@ impl fuser::Filesystem for FuseFs {
             tracing::debug!("releasing inode {} after forget: {e:?}", id.ino);
         }
     }
-
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let dir = self.inode_of(parent);
-        match self
-            .served
-            .write(|fs| fs.rmdir(dir, name.as_bytes()).map_err(errno))
-        {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        self.on_rmdir(&Caller::from(_req), parent, name, reply)
     }
 
     fn symlink(
@@ -869,10 +748,7 @@ impl fuser::Filesystem for FuseFs {
         target: &std::path::Path,
         reply: ReplyEntry,
     ) {
-        match self.do_symlink(req, parent, link_name, target.as_os_str()) {
-            Ok((attr, generation)) => reply.entry(&self.ttl(), &attr, generation),
-            Err(e) => reply.error(e),
-        }
+        self.on_symlink(&Caller::from(req), parent, link_name, target, reply)
     }
 
     fn rename(
@@ -885,10 +761,15 @@ impl fuser::Filesystem for FuseFs {
         flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
-        match self.do_rename(parent, name, newparent, newname, flags) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        self.on_rename(
+            &Caller::from(_req),
+            parent,
+            name,
+            newparent,
+            newname,
+            flags,
+            reply,
+        )
     }
 
     fn link(
@@ -899,15 +780,7 @@ impl fuser::Filesystem for FuseFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let (id, dir) = (self.inode_of(ino), self.inode_of(newparent));
-        let result = self.served.write(|fs| {
-            let st = fs.link(id, dir, newname.as_bytes()).map_err(errno)?;
-            self.entry(&st)
-        });
-        match result {
-            Ok((attr, generation)) => reply.entry(&self.ttl(), &attr, generation),
-            Err(e) => reply.error(e),
-        }
+        self.on_link(&Caller::from(_req), ino, newparent, newname, reply)
     }
 
     fn write(
@@ -922,40 +795,17 @@ impl fuser::Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: fuser::ReplyWrite,
     ) {
-        self.stats.count(Counter::Write);
-        self.stats.max(Counter::MaxWrite, data.len() as u64);
-        let kill = write_flags.contains(fuser::WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        let deferred = self.deferred.as_ref().filter(|d| {
-            d.wants(ino, data.len(), || {
-                self.served.fs_unlocked().writes_must_wait()
-            })
-        });
-        let reply = match deferred {
-            Some(d) => {
-                let job = deferred::Job {
-                    ino,
-                    offset,
-                    data: data.to_vec(),
-                    kill,
-                    reply,
-                };
-                match d.submit(job) {
-                    None => return,
-                    Some(job) => job.reply,
-                }
-            }
-            None => reply,
-        };
-        match self.write_ctx().write(ino, offset, data, kill) {
-            Ok((n, killed)) => {
-                reply.written(n);
-                if killed {
-                    // The kernel still has the old mode cached.
-                    self.served.invalidate_attrs(ino);
-                }
-            }
-            Err(e) => reply.error(e),
-        }
+        self.on_write(
+            &Caller::from(_req),
+            ino,
+            _fh,
+            offset,
+            data,
+            write_flags,
+            _flags,
+            _lock_owner,
+            reply,
+        )
     }
 
     fn setxattr(
@@ -968,21 +818,19 @@ impl fuser::Filesystem for FuseFs {
         position: u32,
         reply: ReplyEmpty,
     ) {
-        match self.do_setxattr(ino, name, value, flags, position) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        self.on_setxattr(
+            &Caller::from(_req),
+            ino,
+            name,
+            value,
+            flags,
+            position,
+            reply,
+        )
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let id = self.inode_of(ino);
-        match self
-            .served
-            .write(|fs| fs.remove_xattr(id, name.as_bytes()).map_err(xattr_errno))
-        {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        self.on_removexattr(&Caller::from(_req), ino, name, reply)
     }
 
     fn create(
@@ -995,15 +843,7 @@ impl fuser::Filesystem for FuseFs {
         _flags: i32,
         reply: fuser::ReplyCreate,
     ) {
-        match self.do_create(req, parent, name, mode, umask, 0) {
-            Ok((attr, generation)) => {
-                self.served
-                    .read(|fs| fs.hold_inode(self.inode_of(attr.ino)));
-                let (ttl, keep) = (self.ttl(), FopenFlags::FOPEN_KEEP_CACHE);
-                reply.created(&ttl, &attr, generation, FileHandle(0), keep)
-            }
-            Err(e) => reply.error(e),
-        }
+        self.on_create(&Caller::from(req), parent, name, mode, umask, _flags, reply)
     }
 
     fn fallocate(
@@ -1016,10 +856,7 @@ impl fuser::Filesystem for FuseFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        match self.do_fallocate(ino, offset, length, mode) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        self.on_fallocate(&Caller::from(_req), ino, _fh, offset, length, mode, reply)
     }
 
     fn lseek(
@@ -1031,25 +868,7 @@ impl fuser::Filesystem for FuseFs {
         whence: i32,
         reply: fuser::ReplyLseek,
     ) {
-        // The kernel asks only for SEEK_DATA and SEEK_HOLE; it handles the
-        // others itself.
-        let whence = match whence {
-            libc::SEEK_DATA => Whence::Data,
-            libc::SEEK_HOLE => Whence::Hole,
-            _ => return reply.error(Errno::EINVAL),
-        };
-        let Ok(offset) = u64::try_from(offset) else {
-            return reply.error(Errno::ENXIO);
-        };
-        let found = self
-            .served
-            .read(|fs| fs.seek(self.inode_of(ino), offset, whence))
-            .map_err(errno)
-            .and_then(|at| i64::try_from(at).map_err(|_| Errno::EOVERFLOW));
-        match found {
-            Ok(at) => reply.offset(at),
-            Err(e) => reply.error(e),
-        }
+        self.on_lseek(&Caller::from(_req), ino, _fh, offset, whence, reply)
     }
 
     fn copy_file_range(
@@ -1065,21 +884,18 @@ impl fuser::Filesystem for FuseFs {
         flags: fuser::CopyFileRangeFlags,
         reply: fuser::ReplyWrite,
     ) {
-        self.stats.count(Counter::CopyFileRange);
-        if !flags.is_empty() {
-            return reply.error(Errno::EINVAL);
-        }
-        let copy = copy::Copy {
-            src: ino_in,
-            src_off: offset_in,
-            dst: ino_out,
-            dst_off: offset_out,
+        self.on_copy_file_range(
+            &Caller::from(_req),
+            ino_in,
+            _fh_in,
+            offset_in,
+            ino_out,
+            _fh_out,
+            offset_out,
             len,
-        };
-        match self.do_copy_file_range(copy) {
-            Ok(n) => reply.written(n),
-            Err(e) => reply.error(e),
-        }
+            flags,
+            reply,
+        )
     }
 
     // Not implemented (locks are kept by the kernel for this mount).
@@ -1119,7 +935,6 @@ impl fuser::Filesystem for FuseFs {
     fn bmap(&self, _req: &Request, _ino: INodeNo, _bs: u32, _idx: u64, reply: fuser::ReplyBmap) {
         reply.error(Errno::ENOSYS);
     }
-
     fn ioctl(
         &self,
         _req: &Request,
@@ -1131,6 +946,687 @@ impl fuser::Filesystem for FuseFs {
         _out_size: u32,
         reply: fuser::ReplyIoctl,
     ) {
+        self.on_ioctl(
+            &Caller::from(_req),
+            ino,
+            _fh,
+            _flags,
+            cmd,
+            in_data,
+            _out_size,
+            reply,
+        )
+    }
+}
+
+/// The handlers, each written once for both transports (see `reply.rs`).
+#[allow(clippy::too_many_arguments)]
+impl FuseFs {
+    pub(super) fn on_lookup<R: EntryReply>(
+        &self,
+        _req: &Caller,
+        parent: INodeNo,
+        name: &OsStr,
+        reply: R,
+    ) {
+        self.stats.count(Counter::Lookup);
+        let result = self.served.read(|fs| {
+            let id = self.child(fs, self.inode_of(parent), name.as_bytes())?;
+            self.entry(&fs.stat(id).map_err(errno)?)
+        });
+        match result {
+            Ok((attr, generation)) => reply.entry(&self.ttl(), &attr, generation),
+            // A negative entry (inode 0) the kernel may cache: a name only
+            // appears through the kernel, which then drops it.
+            Err(Errno::ENOENT) => reply.entry(&self.ttl(), &negative_entry(), Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+    pub(super) fn on_getattr<R: AttrReply>(
+        &self,
+        _req: &Caller,
+        ino: INodeNo,
+        _fh: Option<FileHandle>,
+        reply: R,
+    ) {
+        self.stats.count(Counter::Getattr);
+        match self
+            .served
+            .read(|fs| self.stat(fs, ino))
+            .and_then(|st| self.attr(&st))
+        {
+            Ok(attr) => reply.attr(&self.ttl(), &attr),
+            Err(e) => reply.error(e),
+        }
+    }
+    pub(super) fn on_readlink<R: DataReply>(&self, _req: &Caller, ino: INodeNo, reply: R) {
+        match self.served.read(|fs| fs.read_link(self.inode_of(ino))) {
+            Ok(target) => reply.data(&target),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+    pub(super) fn on_open<R: OpenReply>(
+        &self,
+        _req: &Caller,
+        ino: INodeNo,
+        flags: OpenFlags,
+        reply: R,
+    ) {
+        let writing = flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0;
+        if writing && !self.served.writable() {
+            return reply.error(Errno::EROFS);
+        }
+        match self.served.read(|fs| self.stat(fs, ino)) {
+            Ok(st) if st.kind == FileKind::Dir => reply.error(Errno::EISDIR),
+            // Nothing changes data behind the kernel's back (see the module
+            // documentation): keep the page cache.
+            Ok(_) if !self.served.writable() => {
+                reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
+            }
+            // O_TRUNC reaches `setattr` first (no atomic O_TRUNC asked for).
+            // The open file keeps its inode alive if its last name goes.
+            Ok(_) => {
+                self.served.read(|fs| fs.hold_inode(self.inode_of(ino)));
+                reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+    pub(super) fn on_read<R: DataReply>(
+        &self,
+        _req: &Caller,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: R,
+    ) {
+        self.stats.count(Counter::Read);
+        self.stats.max(Counter::MaxRead, u64::from(size));
+        match self
+            .served
+            .read(|fs| fs.read(self.inode_of(ino), offset, size as usize))
+        {
+            Ok(data) => reply.data(&data),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+    pub(super) fn on_release<R: EmptyReply>(
+        &self,
+        _req: &Caller,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: R,
+    ) {
+        if !self.served.writable() {
+            return reply.ok();
+        }
+        // The last close of an unlinked file deletes it.
+        let id = self.inode_of(ino);
+        match self.served.write(|fs| fs.release_inode(id).map_err(errno)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+    pub(super) fn on_flush<R: EmptyReply>(
+        &self,
+        _req: &Caller,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: R,
+    ) {
+        // Called on every close(2), after the kernel has written back the
+        // file's dirty pages (writeback cache); the adapter buffers nothing
+        // of its own. Making it durable is fsync's job (close does not
+        // promise that).
+        reply.ok();
+    }
+    pub(super) fn on_fsync<R: EmptyReply>(
+        &self,
+        _req: &Caller,
+        ino: INodeNo,
+        _fh: FileHandle,
+        ds: bool,
+        reply: R,
+    ) {
+        // The kernel has written back the file's dirty pages and waited for
+        // those writes before it asks. The library logs the file when it
+        // can, else commits. On a read-only mount nothing is ever dirty.
+        match self.served.fsync(self.inode_of(ino), ino, ds) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+    pub(super) fn on_opendir<R: OpenReply>(
+        &self,
+        _req: &Caller,
+        ino: INodeNo,
+        _flags: OpenFlags,
+        reply: R,
+    ) {
+        match self.served.read(|fs| self.stat(fs, ino)) {
+            Ok(st) if st.kind != FileKind::Dir => reply.error(Errno::ENOTDIR),
+            // A read-only directory never changes: let the kernel cache listings.
+            Ok(_) if !self.served.writable() => {
+                reply.opened(FileHandle(0), FopenFlags::FOPEN_CACHE_DIR)
+            }
+            Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Err(e) => reply.error(e),
+        }
+    }
+    pub(super) fn on_readdir<R: DirReply>(
+        &self,
+        _req: &Caller,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: R,
+    ) {
+        self.stats.count(Counter::Readdir);
+        let entries = match self
+            .served
+            .read(|fs| self.entries(fs, self.inode_of(ino), offset))
+        {
+            Ok(e) => e,
+            Err(e) => return reply.error(e),
+        };
+        for (cookie, name, id, kind) in entries {
+            let fino = match self.to_fuse(id) {
+                Ok(n) => n,
+                Err(e) => return reply.error(e),
+            };
+            if reply.add(fino, cookie, file_type(kind), OsStr::from_bytes(&name)) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+    pub(super) fn on_readdirplus<R: DirPlusReply>(
+        &self,
+        _req: &Caller,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: R,
+    ) {
+        self.stats.count(Counter::Readdirplus);
+        // Listing and attributes under one hold of the lock: one snapshot.
+        let listed = self.served.read(|fs| {
+            let entries = self.entries(fs, self.inode_of(ino), offset)?;
+            let mut out = Vec::with_capacity(entries.len());
+            for (cookie, name, id, _kind) in entries {
+                let st = fs.stat(id).map_err(errno)?;
+                out.push((cookie, name, self.entry(&st)?));
+            }
+            Ok::<_, Errno>(out)
+        });
+        let listed = match listed {
+            Ok(l) => l,
+            Err(e) => return reply.error(e),
+        };
+        let ttl = self.ttl();
+        for (cookie, name, (attr, generation)) in listed {
+            let name = OsStr::from_bytes(&name);
+            if reply.add(attr.ino, cookie, name, &ttl, &attr, generation) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+    pub(super) fn on_releasedir<R: EmptyReply>(
+        &self,
+        _req: &Caller,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        reply: R,
+    ) {
+        reply.ok();
+    }
+    pub(super) fn on_fsyncdir<R: EmptyReply>(
+        &self,
+        _req: &Caller,
+        ino: INodeNo,
+        _fh: FileHandle,
+        ds: bool,
+        reply: R,
+    ) {
+        // The directory's entries go into the log tree, with the names
+        // they need, as a file's fsync does.
+        match self.served.fsync(self.inode_of(ino), ino, ds) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+    pub(super) fn on_statfs<R: StatfsReply>(&self, _req: &Caller, _ino: INodeNo, reply: R) {
+        let s = self.served.read(|fs| fs.statfs());
+        let bsize = u64::from(s.block_size.max(1));
+        let free = s.free_bytes / bsize;
+        reply.statfs(
+            s.total_bytes / bsize,
+            free,
+            free,
+            s.files,
+            0,
+            s.block_size,
+            s.name_max,
+            s.block_size,
+        );
+    }
+    pub(super) fn on_getxattr<R: XattrReply>(
+        &self,
+        _req: &Caller,
+        ino: INodeNo,
+        name: &OsStr,
+        size: u32,
+        reply: R,
+    ) {
+        self.stats.count(Counter::Getxattr);
+        match self
+            .served
+            .read(|fs| fs.get_xattr(self.inode_of(ino), name.as_bytes()))
+        {
+            Ok(Some(value)) => reply_sized(reply, size, &value),
+            Ok(None) => reply.error(Errno::NO_XATTR),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+    pub(super) fn on_listxattr<R: XattrReply>(
+        &self,
+        _req: &Caller,
+        ino: INodeNo,
+        size: u32,
+        reply: R,
+    ) {
+        match self.served.read(|fs| fs.list_xattrs(self.inode_of(ino))) {
+            Ok(names) => {
+                let mut list = Vec::new();
+                for n in names {
+                    list.extend_from_slice(&n);
+                    list.push(0);
+                }
+                reply_sized(reply, size, &list);
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+    pub(super) fn on_access<R: EmptyReply>(
+        &self,
+        req: &Caller,
+        ino: INodeNo,
+        mask: AccessFlags,
+        reply: R,
+    ) {
+        let st = match self.served.read(|fs| self.stat(fs, ino)) {
+            Ok(s) => s,
+            Err(e) => return reply.error(e),
+        };
+        if mask.contains(AccessFlags::W_OK) && !self.served.writable() {
+            return reply.error(Errno::EROFS);
+        }
+        if permitted(&st, req.uid(), req.gid(), mask) {
+            reply.ok();
+        } else {
+            reply.error(Errno::EACCES);
+        }
+    }
+    // Everything below changes the filesystem (see `write.rs`): EROFS on a
+    // read-only mount.
+
+    pub(super) fn on_setattr<R: AttrReply>(
+        &self,
+        req: &Caller,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<fuser::TimeOrNow>,
+        mtime: Option<fuser::TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        crtime: Option<SystemTime>,
+        chgtime: Option<SystemTime>,
+        bkuptime: Option<SystemTime>,
+        flags: Option<fuser::BsdFileFlags>,
+        reply: R,
+    ) {
+        // Birth time, backup times and BSD flags come from macOS only.
+        if crtime.is_some() || chgtime.is_some() || bkuptime.is_some() || flags.is_some() {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
+        let change = write::Change {
+            mode,
+            uid,
+            gid,
+            size,
+            atime,
+            mtime,
+            ctime,
+        };
+        self.stats.count(Counter::Setattr);
+        match self.do_setattr(req, ino, change) {
+            Ok(attr) => reply.attr(&self.ttl(), &attr),
+            Err(e) => reply.error(e),
+        }
+    }
+    pub(super) fn on_mknod<R: EntryReply>(
+        &self,
+        req: &Caller,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: R,
+    ) {
+        match self.do_create(req, parent, name, mode, umask, rdev) {
+            Ok((attr, generation)) => reply.entry(&self.ttl(), &attr, generation),
+            Err(e) => reply.error(e),
+        }
+    }
+    pub(super) fn on_mkdir<R: EntryReply>(
+        &self,
+        req: &Caller,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: R,
+    ) {
+        let mode = libc::S_IFDIR | (mode & 0o7777);
+        match self.do_create(req, parent, name, mode, umask, 0) {
+            Ok((attr, generation)) => reply.entry(&self.ttl(), &attr, generation),
+            Err(e) => reply.error(e),
+        }
+    }
+    pub(super) fn on_unlink<R: EmptyReply>(
+        &self,
+        _req: &Caller,
+        parent: INodeNo,
+        name: &OsStr,
+        reply: R,
+    ) {
+        let dir = self.inode_of(parent);
+        match self.served.write(|fs| {
+            // A special file may be open without FUSE ever seeing an open:
+            // its last name going keeps it until the kernel forgets it.
+            let special = fs.lookup(dir, name.as_bytes()).ok().and_then(|e| {
+                let st = fs.stat(e.id).ok()?;
+                let special = matches!(
+                    st.kind,
+                    FileKind::Fifo | FileKind::Socket | FileKind::CharDev | FileKind::BlockDev
+                );
+                (special && st.nlink == 1).then_some(e.id)
+            });
+            if let Some(id) = special {
+                fs.hold_inode(id);
+            }
+            let r = fs.unlink(dir, name.as_bytes()).map_err(errno);
+            if let Some(id) = special {
+                if r.is_ok() {
+                    self.held().insert(id);
+                } else {
+                    fs.release_inode(id).map_err(errno)?;
+                }
+            }
+            r
+        }) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+    pub(super) fn on_rmdir<R: EmptyReply>(
+        &self,
+        _req: &Caller,
+        parent: INodeNo,
+        name: &OsStr,
+        reply: R,
+    ) {
+        let dir = self.inode_of(parent);
+        match self
+            .served
+            .write(|fs| fs.rmdir(dir, name.as_bytes()).map_err(errno))
+        {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+    pub(super) fn on_symlink<R: EntryReply>(
+        &self,
+        req: &Caller,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &std::path::Path,
+        reply: R,
+    ) {
+        match self.do_symlink(req, parent, link_name, target.as_os_str()) {
+            Ok((attr, generation)) => reply.entry(&self.ttl(), &attr, generation),
+            Err(e) => reply.error(e),
+        }
+    }
+    pub(super) fn on_rename<R: EmptyReply>(
+        &self,
+        _req: &Caller,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
+        reply: R,
+    ) {
+        match self.do_rename(parent, name, newparent, newname, flags) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+    pub(super) fn on_link<R: EntryReply>(
+        &self,
+        _req: &Caller,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: R,
+    ) {
+        let (id, dir) = (self.inode_of(ino), self.inode_of(newparent));
+        let result = self.served.write(|fs| {
+            let st = fs.link(id, dir, newname.as_bytes()).map_err(errno)?;
+            self.entry(&st)
+        });
+        match result {
+            Ok((attr, generation)) => reply.entry(&self.ttl(), &attr, generation),
+            Err(e) => reply.error(e),
+        }
+    }
+    pub(super) fn on_write<R: WriteReply>(
+        &self,
+        _req: &Caller,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        write_flags: fuser::WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: R,
+    ) {
+        self.stats.count(Counter::Write);
+        self.stats.max(Counter::MaxWrite, data.len() as u64);
+        let kill = write_flags.contains(fuser::WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        let reply: Box<dyn WriteAnswer> = Box::new(reply);
+        let deferred = self.deferred.get().filter(|d| {
+            d.wants(ino, data.len(), || {
+                self.served.fs_unlocked().writes_must_wait()
+            })
+        });
+        let reply = match deferred {
+            Some(d) => {
+                let job = deferred::Job {
+                    ino,
+                    offset,
+                    data: data.to_vec(),
+                    kill,
+                    reply,
+                };
+                match d.submit(job) {
+                    None => return,
+                    Some(job) => job.reply,
+                }
+            }
+            None => reply,
+        };
+        match self.write_ctx().write(ino, offset, data, kill) {
+            Ok((n, killed)) => {
+                reply.answer(Ok(n));
+                if killed {
+                    // The kernel still has the old mode cached.
+                    self.served.invalidate_attrs(ino);
+                }
+            }
+            Err(e) => reply.answer(Err(e)),
+        }
+    }
+    pub(super) fn on_setxattr<R: EmptyReply>(
+        &self,
+        _req: &Caller,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        position: u32,
+        reply: R,
+    ) {
+        match self.do_setxattr(ino, name, value, flags, position) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+    pub(super) fn on_removexattr<R: EmptyReply>(
+        &self,
+        _req: &Caller,
+        ino: INodeNo,
+        name: &OsStr,
+        reply: R,
+    ) {
+        let id = self.inode_of(ino);
+        match self
+            .served
+            .write(|fs| fs.remove_xattr(id, name.as_bytes()).map_err(xattr_errno))
+        {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+    pub(super) fn on_create<R: CreateReply>(
+        &self,
+        req: &Caller,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+        reply: R,
+    ) {
+        match self.do_create(req, parent, name, mode, umask, 0) {
+            Ok((attr, generation)) => {
+                self.served
+                    .read(|fs| fs.hold_inode(self.inode_of(attr.ino)));
+                let (ttl, keep) = (self.ttl(), FopenFlags::FOPEN_KEEP_CACHE);
+                reply.created(&ttl, &attr, generation, FileHandle(0), keep)
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+    pub(super) fn on_fallocate<R: EmptyReply>(
+        &self,
+        _req: &Caller,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: R,
+    ) {
+        match self.do_fallocate(ino, offset, length, mode) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+    pub(super) fn on_lseek<R: LseekReply>(
+        &self,
+        _req: &Caller,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: R,
+    ) {
+        // The kernel asks only for SEEK_DATA and SEEK_HOLE; it handles the
+        // others itself.
+        let whence = match whence {
+            libc::SEEK_DATA => Whence::Data,
+            libc::SEEK_HOLE => Whence::Hole,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let Ok(offset) = u64::try_from(offset) else {
+            return reply.error(Errno::ENXIO);
+        };
+        let found = self
+            .served
+            .read(|fs| fs.seek(self.inode_of(ino), offset, whence))
+            .map_err(errno)
+            .and_then(|at| i64::try_from(at).map_err(|_| Errno::EOVERFLOW));
+        match found {
+            Ok(at) => reply.offset(at),
+            Err(e) => reply.error(e),
+        }
+    }
+    pub(super) fn on_copy_file_range<R: WriteReply>(
+        &self,
+        _req: &Caller,
+        ino_in: INodeNo,
+        _fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        _fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        flags: fuser::CopyFileRangeFlags,
+        reply: R,
+    ) {
+        self.stats.count(Counter::CopyFileRange);
+        if !flags.is_empty() {
+            return reply.error(Errno::EINVAL);
+        }
+        let copy = copy::Copy {
+            src: ino_in,
+            src_off: offset_in,
+            dst: ino_out,
+            dst_off: offset_out,
+            len,
+        };
+        match self.do_copy_file_range(copy) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(e),
+        }
+    }
+    pub(super) fn on_ioctl<R: IoctlReply>(
+        &self,
+        _req: &Caller,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        _out_size: u32,
+        reply: R,
+    ) {
         // chattr/lsattr: the kernel turns FS_IOC_GETFLAGS/SETFLAGS into these.
         let id = self.inode_of(ino);
         if cmd != control::UBTRFS_IOC_SERVER_INFO {
@@ -1139,17 +1635,20 @@ impl fuser::Filesystem for FuseFs {
         match cmd {
             control::UBTRFS_IOC_SERVER_INFO => {
                 let mut flags = 0;
-                if self.writeback_cache {
+                if self.writeback_cache() {
                     flags |= control::FLAG_WRITEBACK_CACHE;
                 }
-                if self.killpriv {
+                if self.killpriv() {
                     flags |= control::FLAG_KILLPRIV_V2;
                 }
-                if self.posix_acl {
+                if self.posix_acl() {
                     flags |= control::FLAG_POSIX_ACL;
                 }
                 if self.served.writable() {
                     flags |= control::FLAG_READ_WRITE;
+                }
+                if self.rings.lock().is_ok_and(|r| r.is_some()) {
+                    flags |= control::FLAG_URING;
                 }
                 reply.ioctl(0, &self.stats.reply(flags))
             }

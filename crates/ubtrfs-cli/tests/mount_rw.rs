@@ -973,6 +973,7 @@ mod info {
     pub const FLAG_WRITEBACK_CACHE: u64 = 1;
     pub const FLAG_KILLPRIV_V2: u64 = 2;
     pub const FLAG_READ_WRITE: u64 = 4;
+    pub const FLAG_URING: u64 = 16;
 }
 
 /// What the mount serving `path` says about itself.
@@ -1996,4 +1997,102 @@ fn the_kernel_may_queue_64_background_requests() {
     assert_eq!(read("max_background"), 64);
     assert_eq!(read("congestion_threshold"), 9);
     m.unmount_cleanly();
+}
+
+/// Where the kernel says whether it offers FUSE over io_uring.
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Threads of process `pid` whose name starts with `prefix`.
+fn threads_named(pid: u32, prefix: &str) -> usize {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.starts_with(prefix))
+        .count()
+}
+
+/// With the kernel offering FUSE over io_uring the mount takes its
+/// requests over it (four threads per possible CPU), and with `nouring`
+/// through /dev/fuse; either way the same work reads back, through the
+/// mount and through the kernel's btrfs, and the image is clean.
+#[test]
+fn requests_come_over_io_uring_when_the_kernel_offers_it() {
+    require_privileged!();
+    assert!(
+        Path::new(ENABLE_URING).exists(),
+        "this kernel has no FUSE over io_uring (Linux 6.14 or later with CONFIG_FUSE_IO_URING): \
+         {ENABLE_URING} is missing"
+    );
+    // Only ever switched on: other tests may be mounting meanwhile.
+    fs::write(ENABLE_URING, "Y").unwrap();
+    let possible = fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
+    let cpus = 1 + possible
+        .trim()
+        .split([',', '-'])
+        .map(|n| n.parse::<usize>().unwrap())
+        .max()
+        .unwrap();
+    for (label, args, ring) in [
+        ("uring", &[][..], true),
+        ("nouring", &["-o", "nouring"][..], false),
+    ] {
+        let t = TestDir::new(&format!("mount-rw-{label}")).unwrap();
+        let img = new_image(&t);
+        let m = RwMount::start(&img, &t.join("fuse"), args);
+        let i = server_info(m.path());
+        assert_eq!(
+            i[info::FLAGS] & info::FLAG_URING != 0,
+            ring,
+            "{label}: flags {:#x}",
+            i[info::FLAGS]
+        );
+        let pid = m.0.pid().unwrap();
+        let want_threads = if ring { 4 * cpus } else { 0 };
+        assert_eq!(threads_named(pid, "fuse-ring-"), want_threads, "{label}");
+        // Names, attributes, data, xattrs, listings and renames, each
+        // with its own kind of request and reply.
+        let p = |n: &str| m.path().join(n);
+        fs::create_dir(p("d")).unwrap();
+        let mut files = Vec::new();
+        for n in 0..300u64 {
+            let data = pattern((n as usize * 977) % 70_000, n);
+            fs::write(p(&format!("d/f{n}")), &data).unwrap();
+            files.push((format!("d/f{n}"), data));
+        }
+        let big = pattern(3 << 20, 99);
+        fs::write(p("big"), &big).unwrap();
+        fs::set_permissions(p("d/f1"), fs::Permissions::from_mode(0o640)).unwrap();
+        std::os::unix::fs::symlink("f2", p("d/link")).unwrap();
+        fs::rename(p("d/f3"), p("moved")).unwrap();
+        fs::remove_file(p("d/f4")).unwrap();
+        sys::set_xattr(&p("d/f5"), "user.k", b"value").unwrap();
+        File::open(p("big")).unwrap().sync_all().unwrap();
+        drop_cached_pages(&File::open(p("big")).unwrap());
+        assert!(fs::read(p("big")).unwrap() == big, "{label}: big file");
+        assert_eq!(fs::read_dir(p("d")).unwrap().count(), 299, "{label}");
+        assert_eq!(fs::metadata(p("d/f1")).unwrap().mode() & 0o7777, 0o640);
+        assert_eq!(fs::read_link(p("d/link")).unwrap(), Path::new("f2"));
+        assert_eq!(sys::get_xattr(&p("d/f5"), "user.k").unwrap(), b"value");
+        assert!(fs::read(p("moved")).unwrap() == files[3].1);
+        let after = server_info(m.path());
+        assert!(
+            after[info::LOOKUP] > i[info::LOOKUP],
+            "{label}: lookups counted"
+        );
+        m.unmount_cleanly();
+        check_image(&img);
+        let k = Mount::single(&img, &t.join("kernel"), "ro").unwrap();
+        for (name, data) in &files {
+            let name = match name.as_str() {
+                "d/f3" => "moved",
+                "d/f4" => continue,
+                n => n,
+            };
+            assert!(
+                fs::read(k.path().join(name)).unwrap() == *data,
+                "{label}: {name}"
+            );
+        }
+        assert!(fs::read(k.path().join("big")).unwrap() == big);
+    }
 }

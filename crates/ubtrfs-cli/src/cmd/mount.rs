@@ -18,6 +18,7 @@ use crate::fuse::{FuseFs, Served};
 use anyhow::{Context, Result, anyhow, bail};
 use fuser::{Config, MountOption, SessionACL};
 use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -39,7 +40,7 @@ const MAX_QUIET_COMMIT_SECS: u64 = 300;
 Mount options (-o, comma separated): ro, rw, commit=SECONDS, \
 csum=inline|offload|auto, compress[=ALG[:LEVEL]], compress-force[=ALG[:LEVEL]] \
 (ALG: zlib, lzo, zstd), nodatacow, datacow, nodatasum, datasum, \
-subvol=PATH, subvolid=ID, allow_other, \
+subvol=PATH, subvolid=ID, uring, nouring, allow_other, \
 allow_root, auto_unmount, default_permissions, dev, nodev, suid, nosuid, \
 exec, noexec, atime, noatime, sync, async, dirsync, fsname=NAME, \
 subtype=NAME. \
@@ -49,6 +50,9 @@ nodatacow gives new regular files the no-COW and no-checksum flags, \
 nodatasum the no-checksum flag, as the kernel's options do. \
 subvol=PATH (relative to the top-level subvolume) or subvolid=ID mounts \
 that subvolume as the root instead of the default one. \
+Requests come over io_uring (one queue per CPU) when the kernel offers it \
+(Linux 6.14 or later with /sys/module/fuse/parameters/enable_uring set to \
+Y), through /dev/fuse otherwise or with nouring. \
 Changes are committed every commit=SECONDS (default 30), on fsync, and at \
 unmount. Unmount with `ubtrfs umount MOUNTPOINT`, `fusermount3 -u \
 MOUNTPOINT`, Ctrl-C, or SIGTERM to the process; the process exits non-zero \
@@ -91,6 +95,9 @@ struct Settings {
     new_file_flags: u64,
     /// The subvolume to mount (`subvol=`, `subvolid=`).
     subvol: Option<SubvolChoice>,
+    /// Take requests over io_uring when the kernel offers it (`nouring`
+    /// says no).
+    uring: bool,
 }
 
 /// Which subvolume `subvol=` and `subvolid=` ask for.
@@ -177,6 +184,7 @@ fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<(Config, Settings)> 
     let mut compress_force = false;
     let (mut nodatacow, mut nodatasum) = (false, false);
     let mut subvol: Option<SubvolChoice> = None;
+    let mut uring = true;
     for opt in args.options.iter().flat_map(|o| o.split(',')) {
         let o = match opt {
             "" | "default_permissions" => continue,
@@ -200,6 +208,10 @@ fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<(Config, Settings)> 
             }
             "ro" => {
                 read_only = true;
+                continue;
+            }
+            "uring" | "nouring" => {
+                uring = opt == "uring";
                 continue;
             }
             "rw" => {
@@ -348,6 +360,7 @@ fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<(Config, Settings)> 
         compress_force,
         new_file_flags,
         subvol,
+        uring,
     };
     Ok((config, settings))
 }
@@ -472,12 +485,27 @@ fn serve(
             } else {
                 settings.new_file_flags
             },
+            uring: settings.uring,
         };
         let served = Arc::new(Served::new(fs, !settings.read_only));
         let fuse = FuseFs::new(Arc::clone(&served), opts);
+        let for_rings = fuse.clone();
         let mut session = fuser::Session::new(fuse, mountpoint, config).with_context(|| {
             format!("cannot mount {} on {}", list(devices), mountpoint.display())
         })?;
+        // INIT is answered: if the kernel took FUSE over io_uring, it now
+        // waits for the queues, and holds requests until they are up.
+        let access = crate::fuse::Access {
+            acl: config.acl,
+            // SAFETY: getuid cannot fail.
+            owner: unsafe { libc::getuid() },
+        };
+        let rings = for_rings
+            .start_rings(session.as_fd().as_raw_fd(), access)
+            .context("cannot start the io_uring queues")?;
+        if rings {
+            tracing::info!("serving over io_uring");
+        }
         served.set_notifier(session.notifier());
         raise_readahead(mountpoint);
         let unmounter = session.unmount_callable();

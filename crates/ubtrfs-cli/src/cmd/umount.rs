@@ -106,8 +106,14 @@ pub fn run(args: Args) -> Result<()> {
         }
         // A FUSE mount whose process died: nothing can be asked or
         // committed any more (nor told apart from other FUSE mounts), and
-        // unmounting it can only help.
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+        // unmounting it can only help. Over io_uring a request caught in
+        // the dying process's queues ends ECANCELED or ECONNABORTED.
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOTCONN | libc::ECANCELED | libc::ECONNABORTED)
+            ) =>
+        {
             eprintln!(
                 "ubtrfs: warning: {shown}: the process serving it is gone; what it had not committed is lost"
             );

@@ -34,6 +34,8 @@ pub const FLAG_WRITEBACK_CACHE: u64 = 1;
 pub const FLAG_KILLPRIV_V2: u64 = 2;
 pub const FLAG_READ_WRITE: u64 = 4;
 pub const FLAG_POSIX_ACL: u64 = 8;
+/// Requests come over io_uring.
+pub const FLAG_URING: u64 = 16;
 
 /// Request counters, each a word of the reply (from word 3 on).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

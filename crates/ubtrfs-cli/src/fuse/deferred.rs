@@ -11,8 +11,9 @@
 //! inode with writes waiting here follows them, so one file's writes are
 //! never reordered.
 
+use super::reply::WriteAnswer;
 use super::write::WriteCtx;
-use fuser::{INodeNo, ReplyWrite};
+use fuser::INodeNo;
 use std::collections::HashMap;
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -28,7 +29,7 @@ pub(super) struct Job {
     pub offset: u64,
     pub data: Vec<u8>,
     pub kill: bool,
-    pub reply: ReplyWrite,
+    pub reply: Box<dyn WriteAnswer>,
 }
 
 /// Deferred writes not yet answered, per inode.
@@ -57,12 +58,12 @@ impl DeferredWrites {
                 for job in rx {
                     match ctx.write(job.ino, job.offset, &job.data, job.kill) {
                         Ok((n, killed)) => {
-                            job.reply.written(n);
+                            job.reply.answer(Ok(n));
                             if killed {
                                 ctx.served.invalidate_attrs(job.ino);
                             }
                         }
-                        Err(e) => job.reply.error(e),
+                        Err(e) => job.reply.answer(Err(e)),
                     }
                     let mut m = lock(&w);
                     if let Some(n) = m.get_mut(&job.ino) {

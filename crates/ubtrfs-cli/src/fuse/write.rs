@@ -30,9 +30,10 @@
 //! also clears it for a caller outside the file's group, which the mount
 //! cannot know.
 
+use super::reply::Caller;
 use super::{FuseFs, errno, xattr_errno};
 use crate::util::rdev_from_fuse;
-use fuser::{Errno, FileAttr, Generation, INodeNo, RenameFlags, Request, TimeOrNow};
+use fuser::{Errno, FileAttr, Generation, INodeNo, RenameFlags, TimeOrNow};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -58,7 +59,7 @@ impl FuseFs {
     /// `FUSE_POSIX_ACL`). `rdev` is the device number as FUSE carries it.
     pub(super) fn do_create(
         &self,
-        req: &Request,
+        req: &Caller,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
@@ -101,7 +102,7 @@ impl FuseFs {
         WriteCtx {
             served: std::sync::Arc::clone(&self.served),
             root: self.root,
-            writeback_cache: self.writeback_cache,
+            writeback_cache: self.writeback_cache(),
         }
     }
 
@@ -118,13 +119,13 @@ impl FuseFs {
         id: InodeId,
         f: impl FnOnce() -> Result<T, Errno>,
     ) -> Result<T, Errno> {
-        keep_times(self.writeback_cache, fs, id, f)
+        keep_times(self.writeback_cache(), fs, id, f)
     }
 
     /// A symbolic link `name` in `parent` to `target`, owned by the caller.
     pub(super) fn do_symlink(
         &self,
-        req: &Request,
+        req: &Caller,
         parent: INodeNo,
         name: &OsStr,
         target: &OsStr,
@@ -171,7 +172,7 @@ impl FuseFs {
     /// chmod, chown, utimens and truncate, in one request.
     pub(super) fn do_setattr(
         &self,
-        req: &Request,
+        req: &Caller,
         ino: INodeNo,
         c: Change,
     ) -> Result<FileAttr, Errno> {
@@ -198,7 +199,7 @@ impl FuseFs {
         } == SetAttr::default();
         let changed = self.served.write(|fs| {
             let change = |attr: &mut SetAttr| -> ubtrfs::Result<Stat> {
-                if self.killpriv && attr.mode.is_none() {
+                if self.killpriv() && attr.mode.is_none() {
                     // See the module documentation; an explicit mode wins.
                     attr.mode = self.mode_killed(req, &fs.stat(id)?, attr);
                 }
@@ -221,7 +222,7 @@ impl FuseFs {
 
     /// The mode a `setattr` of `st` must set to clear set-user-ID bits,
     /// if any (see the module documentation).
-    fn mode_killed(&self, req: &Request, st: &Stat, attr: &SetAttr) -> Option<u32> {
+    fn mode_killed(&self, req: &Caller, st: &Stat, attr: &SetAttr) -> Option<u32> {
         let owner = killed_mode(st, false)?;
         let chown = attr.uid.is_some() || attr.gid.is_some();
         let times = attr.atime.is_some() || attr.mtime.is_some();
@@ -397,7 +398,7 @@ fn kill_privs(fs: &Filesystem, id: InodeId) -> Result<bool, Errno> {
 const CAP_FSETID: u32 = 4;
 
 /// Whether the caller of `req` has `CAP_FSETID` in its effective set.
-fn has_fsetid(req: &Request) -> bool {
+fn has_fsetid(req: &Caller) -> bool {
     let status = std::fs::read_to_string(format!("/proc/{}/status", req.pid()));
     match status.ok().as_deref().and_then(cap_eff) {
         Some(caps) => caps & (1 << CAP_FSETID) != 0,

@@ -31,7 +31,7 @@ FILES=
 DIRS=
 PROCS=
 SEQ_MIB=
-TARGETS="ubtrfs btrfs xfs lib floor tmpfs"
+TARGETS="ubtrfs ubtrfs-dev btrfs xfs lib floor floor-dev tmpfs"
 SECTIONS=meta,seq
 
 usage() {
@@ -43,9 +43,13 @@ usage() {
   --dirs N         directories they are spread over (default 100)
   --procs N        processes of the parallel variant (default 4; 1 is always run)
   --seq-mib N      size of the sequential file (default 1024)
-  --targets LIST   any of: ubtrfs btrfs xfs lib floor tmpfs (default: all)
+  --targets LIST   any of: ubtrfs ubtrfs-dev btrfs xfs lib floor floor-dev tmpfs
+                   (default: all)
+                     ubtrfs: requests over io_uring (the script enables it)
+                     ubtrfs-dev: requests through /dev/fuse (-o nouring)
                      lib:   the ubtrfs library without FUSE (examples/libbench)
-                     floor: a FUSE filesystem doing nothing (examples/fuse_floor)
+                     floor: a FUSE filesystem doing nothing (examples/fuse_floor);
+                            floor-dev: the same through /dev/fuse
   --sections LIST  meta (small files), seq (1 MiB streams) (default both)
 EOF
 }
@@ -59,9 +63,9 @@ need_commands "fio btrfs-progs xfsprogs fuse3 python3 util-linux coreutils gcc" 
     fio mkfs.btrfs mkfs.xfs mount umount losetup fusermount3 findmnt python3 timeout cc flock
 need_ubtrfs "cargo build --release -p ubtrfs-cli --bins --examples"
 for t in $TARGETS; do
-    [[ $t =~ ^(ubtrfs|btrfs|xfs|lib|floor|tmpfs)$ ]] || die "unknown target $t"
+    [[ $t =~ ^(ubtrfs|ubtrfs-dev|btrfs|xfs|lib|floor|floor-dev|tmpfs)$ ]] || die "unknown target $t"
 done
-if [[ " $TARGETS " == *" lib "* || " $TARGETS " == *" floor "* ]]; then
+if [[ " $TARGETS " == *" lib "* || " $TARGETS " == *" floor"* ]]; then
     [[ -x $EXAMPLES/libbench && -x $EXAMPLES/fuse_floor ]] ||
         die "no $EXAMPLES/libbench or fuse_floor; build them: cargo build --release -p ubtrfs-cli --examples"
 fi
@@ -69,6 +73,16 @@ fi
 section_on() { [[ ,$SECTIONS, == *,$1,* ]]; }
 need_drop_caches
 need_fuse
+# FUSE over io_uring, which ubtrfs and the floor use when the kernel offers
+# it (the "-dev" targets do not).
+URING_PARAM=/sys/module/fuse/parameters/enable_uring
+if [[ -e $URING_PARAM ]]; then
+    echo Y >"$URING_PARAM" || die "cannot enable FUSE over io_uring ($URING_PARAM)"
+    URING_STATE="enable_uring=Y"
+else
+    URING_STATE="not offered by this kernel: the ubtrfs and floor targets use /dev/fuse too"
+    log "WARNING: $URING_STATE"
+fi
 need_kernel_fs btrfs xfs
 
 if ((QUICK)); then
@@ -145,7 +159,7 @@ cpu_of() { # pid: utime + stime ticks of all its threads, 0 if gone
 fresh_fs() { # target
     rm -f "$IMG"
     case $1 in
-        ubtrfs|btrfs|lib) mkfs_image "$IMG" btrfs "$1" ;;
+        ubtrfs|ubtrfs-dev|btrfs|lib) mkfs_image "$IMG" btrfs "$1" ;;
         xfs) mkfs_image "$IMG" xfs "$1" ;;
     esac
 }
@@ -158,13 +172,17 @@ wait_fuse() {
 
 do_mount() { # target
     case $1 in
-        ubtrfs)
-            echo "=== $(date +%T) mount $IMG" >>"$ULOG"
-            "$UBTRFS" mount "$IMG" "$MNT" >>"$ULOG" 2>&1 &
+        ubtrfs|ubtrfs-dev)
+            echo "=== $(date +%T) mount $IMG ($1)" >>"$ULOG"
+            local how=()
+            [[ $1 == ubtrfs-dev ]] && how=(-o nouring)
+            "$UBTRFS" mount "${how[@]}" "$IMG" "$MNT" >>"$ULOG" 2>&1 &
             SPID=$!; wait_fuse ;;
-        floor)
-            echo "=== $(date +%T) fuse_floor" >>"$ULOG"
-            "$FLOOR" "$MNT" >>"$ULOG" 2>&1 &
+        floor|floor-dev)
+            echo "=== $(date +%T) fuse_floor ($1)" >>"$ULOG"
+            local how=()
+            [[ $1 == floor-dev ]] && how=(--nouring)
+            "$FLOOR" "${how[@]}" "$MNT" >>"$ULOG" 2>&1 &
             SPID=$!; wait_fuse ;;
         btrfs|xfs) LOOP=$(losetup -f --show "$IMG"); mount "$LOOP" "$MNT" ;;
         tmpfs) mount -t tmpfs -o size=8g tmpfs "$MNT" ;;
@@ -176,7 +194,7 @@ do_umount() { # target: unmount, everything durable; sets UMOUNT_S
     local t0 rc=0
     t0=$(now_ns)
     case $1 in
-        ubtrfs|floor)
+        ubtrfs|ubtrfs-dev|floor|floor-dev)
             fusermount3 -u "$MNT" || fusermount3 -u -z "$MNT" || rc=$?
             wait "$SPID" || rc=$?
             SPID= ;;
@@ -260,7 +278,7 @@ if section_on meta; then
                 continue
             fi
             persistent=1
-            [[ $t == floor || $t == tmpfs ]] && persistent=0
+            [[ $t == floor* || $t == tmpfs ]] && persistent=0
             do_mount "$t"
             for ph in create stat readdir unlink; do
                 if [[ $ph != create ]]; then
@@ -294,7 +312,7 @@ if section_on seq; then
             continue
         fi
         persistent=1
-        [[ $t == floor || $t == tmpfs ]] && persistent=0
+        [[ $t == floor* || $t == tmpfs ]] && persistent=0
         do_mount "$t"
         drop_caches
         c0=$(cpu_of "$SPID"); t0=$(now_ns); rc=0
@@ -344,9 +362,9 @@ def q(a, b, mark=False):
     x = a / b
     s = f"**{x:.2f}**"
     return s + (" ✗" if mark and x < 0.5 else "")
-targets = [t for t in ["ubtrfs", "btrfs", "xfs", "lib", "floor", "tmpfs"] if any(r.get("tgt") == t for r in rows)]
-name = {"ubtrfs": "ubtrfs (FUSE)", "btrfs": "kernel btrfs", "xfs": "XFS", "lib": "ubtrfs library, no FUSE",
-        "floor": "FUSE floor", "tmpfs": "tmpfs"}
+targets = [t for t in ["ubtrfs", "ubtrfs-dev", "btrfs", "xfs", "lib", "floor", "floor-dev", "tmpfs"] if any(r.get("tgt") == t for r in rows)]
+name = {"ubtrfs": "ubtrfs (FUSE)", "ubtrfs-dev": "ubtrfs, /dev/fuse", "btrfs": "kernel btrfs", "xfs": "XFS",
+        "lib": "ubtrfs library, no FUSE", "floor": "FUSE floor", "floor-dev": "FUSE floor, /dev/fuse", "tmpfs": "tmpfs"}
 procs = sorted({r["procs"] for r in rows if r.get("sec") == "meta"})
 phases = ["create", "stat", "readdir", "unlink"]
 what = {"create": "create (empty files)", "stat": "stat (cold)", "readdir": "readdir (cold, names)", "unlink": "unlink (cold)"}
@@ -374,7 +392,7 @@ if procs:
                         dur[t] = None
                     elif t == "lib":
                         dur[t] = r["ops"] / (r["secs"] + r.get("commit_secs", 0))
-                    elif t in ("floor", "tmpfs"):
+                    elif t in ("floor", "floor-dev", "tmpfs"):
                         dur[t] = None
                     else:
                         u = get(sec="umount", tgt=t, procs=n, phase=ph)
@@ -391,14 +409,16 @@ if procs:
         print("library (FUSE requests, the kernel's FUSE client, the adapter). The *FUSE floor* is that cost for")
         print("a filesystem that does nothing; tmpfs is the kernel alone.")
         print()
-        print("| workload | procs | ubtrfs µs | library µs | ubtrfs - library µs | FUSE share | FUSE floor µs | tmpfs µs | ubtrfs server CPU µs |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("| workload | procs | ubtrfs µs | ubtrfs, /dev/fuse µs | library µs | ubtrfs - library µs | FUSE share | FUSE floor µs | floor, /dev/fuse µs | tmpfs µs | ubtrfs server CPU µs |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         us = lambda x: None if x is None else 1e6 / x
         for ph in phases:
             for n in procs:
                 u = rate(get(sec="meta", tgt="ubtrfs", procs=n, phase=ph))
                 l = rate(get(sec="meta", tgt="lib", procs=n, phase=ph))
                 fl = rate(get(sec="meta", tgt="floor", procs=n, phase=ph))
+                fd = rate(get(sec="meta", tgt="floor-dev", procs=n, phase=ph))
+                ud = rate(get(sec="meta", tgt="ubtrfs-dev", procs=n, phase=ph))
                 tm = rate(get(sec="meta", tgt="tmpfs", procs=n, phase=ph))
                 ur = get(sec="meta", tgt="ubtrfs", procs=n, phase=ph)
                 cpu = (ur["srv_cpu_s"] * 1e6 / ur["ops"]) if ur and ur.get("ops") and "srv_cpu_s" in ur else None
@@ -406,7 +426,7 @@ if procs:
                 share = f"{diff / us(u):.0%}" if diff is not None else "n/a"
                 def g(x):
                     return "n/a" if x is None else f"{x:.1f}"
-                print(f"| {what[ph]} | {n} | {g(us(u))} | {g(us(l))} | {g(diff)} | {share} | {g(us(fl))} | {g(us(tm))} | {g(cpu)} |")
+                print(f"| {what[ph]} | {n} | {g(us(u))} | {g(us(ud))} | {g(us(l))} | {g(diff)} | {share} | {g(us(fl))} | {g(us(fd))} | {g(us(tm))} | {g(cpu)} |")
         print()
 seq = [r for r in rows if r.get("sec") == "seq"]
 if seq:
@@ -442,7 +462,8 @@ if bad:
 EOF
     echo "Setup: every target gets a fresh $IMG_SIZE sparse image file in \`$W\` (ubtrfs, library and kernel btrfs:"
     echo "\`mkfs.btrfs $MKFS_BTRFS_OPTS\`; XFS: \`mkfs.xfs $MKFS_XFS_OPTS\`), the kernel filesystems on a loop device;"
-    echo "ubtrfs is \`ubtrfs mount IMG MNT\` with default options. Small files: \`bench/smallfiles.c\` (open O_CREAT|O_EXCL"
+    echo "ubtrfs is \`ubtrfs mount IMG MNT\` with default options: requests over io_uring ($URING_STATE); \"/dev/fuse\" targets"
+    echo "add \`-o nouring\` (the floor: \`--nouring\`). Small files: \`bench/smallfiles.c\` (open O_CREAT|O_EXCL"
     echo "+ close, lstat, opendir/readdir, unlink), file i in directory i % $DIRS, each of N processes owning every N-th"
     echo "directory; the library runs \`crates/ubtrfs-cli/examples/libbench.rs\` (lookup + stat, read_dir, create,"
     echo "unlink on one \`Filesystem\`, N threads). The FUSE floor is \`crates/ubtrfs-cli/examples/fuse_floor.rs\`: names and"

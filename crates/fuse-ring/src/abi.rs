@@ -192,7 +192,7 @@ pub struct Attr {
     pub rdev: u32,
     /// Preferred I/O size.
     pub blksize: u32,
-    /// `FUSE_ATTR_*` flags.
+    /// `FUSE_ATTR_*` flags (submount, DAX): 0 for a plain filesystem.
     pub flags: u32,
 }
 

@@ -64,7 +64,9 @@ pub fn attr(a: &FileAttr) -> Attr {
         gid: a.gid,
         rdev: a.rdev,
         blksize: a.blksize,
-        flags: a.flags,
+        // fuser's `flags` are BSD file flags (macOS); on Linux the wire
+        // field means FUSE_ATTR_SUBMOUNT / DAX, which fuser leaves 0.
+        flags: 0,
     }
 }
 

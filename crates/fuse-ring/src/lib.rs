@@ -53,15 +53,28 @@ pub fn possible_cpus() -> Result<usize, Error> {
     parse_cpu_list(text.trim()).ok_or_else(|| Error::Cpus(format!("unexpected {text:?}")))
 }
 
-/// The highest CPU of a list like `0-3,8` plus one.
+/// Whether rings can be set up here: the CPU list reads and io_uring
+/// with 128-byte entries works (a seccomp filter or
+/// `kernel.io_uring_disabled` refuses it). Ask the kernel for the
+/// transport only then: once it agreed, it holds every request until the
+/// queues exist. Gives the number of queues.
+pub fn probe() -> Result<usize, Error> {
+    let queues = possible_cpus()?;
+    let _ring: io_uring::IoUring<io_uring::squeue::Entry128, io_uring::cqueue::Entry> =
+        io_uring::IoUring::builder().build(4)?;
+    Ok(queues)
+}
+
+/// How many CPUs a list like `0-3,8` names (the kernel's count of
+/// possible CPUs, which is its number of queues).
 fn parse_cpu_list(list: &str) -> Option<usize> {
-    let mut highest = None;
+    let mut count = 0;
     for part in list.split(',') {
-        let last = part.rsplit('-').next()?;
-        let n: usize = last.trim().parse().ok()?;
-        highest = Some(highest.map_or(n, |h: usize| h.max(n)));
+        let (first, last) = part.split_once('-').unwrap_or((part, part));
+        let (first, last): (usize, usize) = (first.trim().parse().ok()?, last.trim().parse().ok()?);
+        count += last.checked_sub(first)? + 1;
     }
-    highest.map(|h| h + 1)
+    Some(count)
 }
 
 #[cfg(test)]
@@ -72,8 +85,9 @@ mod tests {
     fn cpu_lists() {
         assert_eq!(parse_cpu_list("0"), Some(1));
         assert_eq!(parse_cpu_list("0-1"), Some(2));
-        assert_eq!(parse_cpu_list("0-3,8"), Some(9));
-        assert_eq!(parse_cpu_list("0-3,5-6"), Some(7));
+        assert_eq!(parse_cpu_list("0-3,8"), Some(5));
+        assert_eq!(parse_cpu_list("0-3,5-6"), Some(6));
+        assert_eq!(parse_cpu_list("3-1"), None);
         assert_eq!(parse_cpu_list(""), None);
         assert_eq!(parse_cpu_list("x"), None);
     }

@@ -16,6 +16,8 @@ use io_uring::{IoUring, cqueue, opcode, squeue::Entry128, types};
 use std::cell::UnsafeCell;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::Duration;
@@ -65,6 +67,8 @@ pub trait Handler: Send + Sync + 'static {
 /// a request; the [`RingEntry`] that holds the request has them to itself
 /// until it replies. Nothing else touches them.
 struct Buffers {
+    /// Set when the entry's request is answered, cleared when one arrives.
+    answered: AtomicBool,
     headers: UnsafeCell<Box<[u8]>>,
     payload: UnsafeCell<Box<[u8]>>,
     iov: UnsafeCell<[libc::iovec; 2]>,
@@ -79,6 +83,7 @@ unsafe impl Send for Buffers {}
 impl Buffers {
     fn new(payload_size: usize) -> Arc<Buffers> {
         let b = Arc::new(Buffers {
+            answered: AtomicBool::new(false),
             headers: UnsafeCell::new(vec![0u8; HEADERS_LEN].into_boxed_slice()),
             payload: UnsafeCell::new(vec![0u8; payload_size].into_boxed_slice()),
             iov: UnsafeCell::new(
@@ -112,6 +117,8 @@ struct Mailbox {
     replied: Mutex<Vec<(usize, u64)>>,
     wake: OwnedFd,
     owner: OnceLock<ThreadId>,
+    /// Asked to stop (`Rings::stop`).
+    stop: AtomicBool,
 }
 
 impl Mailbox {
@@ -122,10 +129,14 @@ impl Mailbox {
             .push((index, commit_id));
         // The owner looks at its mailbox before it waits again.
         if self.owner.get() != Some(&std::thread::current().id()) {
-            let one = 1u64.to_ne_bytes();
-            // SAFETY: an eventfd takes 8-byte writes from this buffer.
-            let _ = unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), 8) };
+            self.wake();
         }
+    }
+
+    fn wake(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: an eventfd takes 8-byte writes from this buffer.
+        let _ = unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), 8) };
     }
 }
 
@@ -205,6 +216,7 @@ impl RingEntry {
         h[ENT_PAYLOAD_SZ_AT..ENT_PAYLOAD_SZ_AT + 4]
             .copy_from_slice(&(payload_len as u32).to_ne_bytes());
         self.replied = true;
+        self.bufs.answered.store(true, Ordering::Release);
         self.mailbox.post(self.index, self.commit_id);
     }
 }
@@ -220,6 +232,7 @@ impl Drop for RingEntry {
 /// The running rings.
 pub struct Rings {
     threads: Vec<JoinHandle<io::Result<()>>>,
+    mailboxes: Vec<Arc<Mailbox>>,
 }
 
 impl Rings {
@@ -241,7 +254,7 @@ impl Rings {
                 let sq = ((depth + 1).next_power_of_two() as u32).max(4);
                 let ring: IoUring<Entry128, cqueue::Entry> = IoUring::builder().build(sq)?;
                 // SAFETY: plain eventfd creation; the result is checked.
-                let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+                let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
                 if efd < 0 {
                     return Err(io::Error::last_os_error().into());
                 }
@@ -250,19 +263,23 @@ impl Rings {
                     // SAFETY: a descriptor just created and owned by nobody else.
                     wake: unsafe { OwnedFd::from_raw_fd(efd) },
                     owner: OnceLock::new(),
+                    stop: AtomicBool::new(false),
                 });
                 let bufs = (0..depth).map(|_| Buffers::new(payload_size)).collect();
                 prepared.push(Queue {
+                    ring,
+                    wake_buf: Box::new(0),
                     fuse,
                     qid: qid as u16,
-                    ring,
                     mailbox,
                     bufs,
+                    payload_size,
                     pin: config.pin,
                 });
             }
         }
         let mut threads = Vec::new();
+        let mailboxes = prepared.iter().map(|q| Arc::clone(&q.mailbox)).collect();
         for q in prepared {
             let handler = Arc::clone(&handler);
             let name = format!("fuse-ring-{}", q.qid);
@@ -272,12 +289,18 @@ impl Rings {
                     .spawn(move || q.serve(&*handler))?,
             );
         }
-        Ok(Rings { threads })
+        Ok(Rings { threads, mailboxes })
     }
 
-    /// Waits for every thread: they end when the kernel ends the
-    /// connection (unmount or abort). The first error a thread met, if any.
-    pub fn join(self) -> io::Result<()> {
+    /// Stops every thread once the request it is serving is answered, and
+    /// waits for them. After an unmount they have ended already; before,
+    /// requests still to come wait until the kernel ends the connection.
+    /// The first error a thread met, if any.
+    pub fn stop(self) -> io::Result<()> {
+        for m in &self.mailboxes {
+            m.stop.store(true, Ordering::Release);
+            m.wake();
+        }
         let mut first = Ok(());
         for t in self.threads {
             let r = t
@@ -293,11 +316,16 @@ impl Rings {
 
 /// One thread's ring and entries, for one queue.
 struct Queue {
+    /// First, so it is closed (its reads cancelled) before `wake_buf` and
+    /// the entries' buffers go.
+    ring: IoUring<Entry128, cqueue::Entry>,
+    /// Where the eventfd read lands.
+    wake_buf: Box<u64>,
     fuse: RawFd,
     qid: u16,
-    ring: IoUring<Entry128, cqueue::Entry>,
     mailbox: Arc<Mailbox>,
     bufs: Vec<Arc<Buffers>>,
+    payload_size: usize,
     pin: bool,
 }
 
@@ -332,7 +360,7 @@ impl Queue {
     fn push(&mut self, sqe: &Entry128) -> io::Result<()> {
         loop {
             // SAFETY: every buffer an SQE points at lives in `self.bufs`
-            // (or `wake_buf`) for as long as the ring.
+            // or `self.wake_buf`, which outlive the ring (field order).
             if unsafe { self.ring.submission().push(sqe) }.is_ok() {
                 return Ok(());
             }
@@ -345,20 +373,21 @@ impl Queue {
         if self.pin {
             pin_to_cpu(usize::from(self.qid));
         }
-        let mut wake_buf = Box::new(0u64);
-        let wake_read = |buf: &mut u64, fd: RawFd| {
-            opcode::Read::new(types::Fd(fd), (buf as *mut u64).cast(), 8)
-                .build()
-                .user_data(WAKE)
-        };
         let wake_fd = self.mailbox.wake.as_raw_fd();
-        self.push(&Entry128::from(wake_read(&mut wake_buf, wake_fd)))?;
+        let wake_at: *mut u64 = &mut *self.wake_buf;
+        let wake_read = move || {
+            let read = opcode::Read::new(types::Fd(wake_fd), wake_at.cast(), 8).build();
+            Entry128::from(read.user_data(WAKE))
+        };
+        self.push(&wake_read())?;
         for i in 0..self.bufs.len() {
             let sqe = self.register(i);
             self.push(&sqe)?;
         }
         let mut live = self.bufs.len();
         let mut first_error = None;
+        // Entries whose request is answered on another thread, later.
+        let mut held = std::collections::HashSet::new();
         let mut completed = Vec::new();
         loop {
             let replied = std::mem::take(
@@ -369,11 +398,12 @@ impl Queue {
                     .unwrap_or_else(|e| e.into_inner()),
             );
             for (index, commit_id) in replied {
+                held.remove(&index);
                 let sqe = command(CMD_COMMIT_AND_FETCH, self.fuse, self.qid, commit_id, None)
                     .user_data(index as u64);
                 self.push(&sqe)?;
             }
-            if live == 0 {
+            if live == 0 || self.mailbox.stop.load(Ordering::Acquire) {
                 break;
             }
             match self.ring.submit_and_wait(1) {
@@ -384,12 +414,34 @@ impl Queue {
             completed.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
             for (data, res) in completed.drain(..) {
                 if data == WAKE {
-                    self.push(&Entry128::from(wake_read(&mut wake_buf, wake_fd)))?;
+                    self.push(&wake_read())?;
                     continue;
                 }
                 let index = data as usize;
                 match res {
-                    0.. => handler.handle(self.arrived(index)),
+                    0.. => {
+                        let entry = self.arrived(index);
+                        // A panicking handler drops the entry, which
+                        // answers EIO; the queue goes on.
+                        let handled =
+                            std::panic::catch_unwind(AssertUnwindSafe(|| handler.handle(entry)));
+                        if handled.is_err() {
+                            first_error
+                                .get_or_insert(io::Error::other("a request handler panicked"));
+                        }
+                        // Held for later (a deferred write): if that was the
+                        // last entry free, register a spare, so this thread
+                        // still takes requests.
+                        if !self.bufs[index].answered.load(Ordering::Acquire)
+                            && held.insert(index)
+                            && held.len() == live
+                        {
+                            self.bufs.push(Buffers::new(self.payload_size));
+                            let sqe = self.register(self.bufs.len() - 1);
+                            self.push(&sqe)?;
+                            live += 1;
+                        }
+                    }
                     // Registered before the kernel finished INIT.
                     r if r == -libc::EAGAIN || r == -libc::EINTR => {
                         std::thread::sleep(Duration::from_millis(1));
@@ -412,6 +464,7 @@ impl Queue {
     /// The entry at `index` holds a request: hand it out.
     fn arrived(&self, index: usize) -> RingEntry {
         let bufs = Arc::clone(&self.bufs[index]);
+        bufs.answered.store(false, Ordering::Release);
         // SAFETY: the kernel is done with the entry until it is committed.
         let h = unsafe { &*bufs.headers.get() };
         let header = InHeader::parse(&h[..IN_HEADER_LEN]);

@@ -6,8 +6,11 @@
 //! filesystem behind it.
 //!
 //! ```text
-//! fuse_floor MOUNTPOINT     # serves until unmounted (fusermount3 -u MOUNTPOINT)
+//! fuse_floor [--nouring] MOUNTPOINT   # serves until unmounted (fusermount3 -u MOUNTPOINT)
 //! ```
+//!
+//! Requests come over io_uring when the kernel offers it (as for `ubtrfs
+//! mount`), through /dev/fuse with `--nouring`.
 //!
 //! Reads return zeros up to the size written. No persistence, no
 //! permissions beyond the kernel's `default_permissions`.
@@ -55,6 +58,8 @@ struct Floor {
     inner: Arc<Mutex<Inner>>,
     /// Whether the kernel agreed to serve over io_uring.
     uring: Arc<AtomicBool>,
+    /// Whether to ask it (`--nouring` says no).
+    uring_wanted: bool,
     /// The rings, once started; joined before the session ends.
     rings: Arc<Mutex<Option<fuse_ring::Rings>>>,
 }
@@ -191,7 +196,9 @@ impl fuser::Filesystem for Floor {
         if let Err(max) = config.set_max_readahead(MAX_READAHEAD) {
             let _ = config.set_max_readahead(max);
         }
-        if fuse_ring::kernel_enabled()
+        if self.uring_wanted
+            && fuse_ring::kernel_enabled()
+            && fuse_ring::probe().is_ok()
             && config
                 .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
                 .is_ok()
@@ -206,7 +213,7 @@ impl fuser::Filesystem for Floor {
     fn destroy(&mut self) {
         let rings = self.rings.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(r) = rings {
-            let _ = r.join();
+            let _ = r.stop();
         }
     }
 
@@ -522,13 +529,6 @@ impl fuser::Filesystem for Floor {
 /// buffer this large, and the kernel sends no more in one write anyway.
 const RING_MAX_WRITE: u32 = 1 << 20;
 
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn wire(a: &FileAttr) -> fuse_ring::abi::Attr {
     fuse_ring::from_fuser::attr(a)
 }
@@ -663,9 +663,13 @@ impl fuse_ring::Handler for RingFloor {
 }
 
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let nouring = args.first().is_some_and(|a| a == "--nouring");
+    if nouring {
+        args.remove(0);
+    }
     let [mountpoint] = args.as_slice() else {
-        bail!("usage: fuse_floor MOUNTPOINT");
+        bail!("usage: fuse_floor [--nouring] MOUNTPOINT");
     };
     let mut nodes = HashMap::new();
     nodes.insert(
@@ -686,6 +690,7 @@ fn main() -> Result<()> {
     let fs = Floor {
         inner: Arc::clone(&inner),
         uring: Arc::clone(&uring),
+        uring_wanted: !nouring,
         rings: Arc::clone(&rings),
     };
     // The session setup of `ubtrfs mount`: same thread count, one
@@ -712,11 +717,12 @@ fn main() -> Result<()> {
     // the rings (joined in `destroy`).
     if uring.load(Ordering::Relaxed) {
         let ring = fuse_ring::RingConfig {
-            queues: fuse_ring::possible_cpus()?,
-            threads_per_queue: env_or("FLOOR_RING_THREADS", 2),
-            depth: env_or("FLOOR_RING_DEPTH", 1),
+            queues: fuse_ring::probe()?,
+            // As `ubtrfs mount` sets its queues up.
+            threads_per_queue: 4,
+            depth: 1,
             payload_size: RING_MAX_WRITE as usize,
-            pin: env_or("FLOOR_RING_PIN", 1) == 1,
+            pin: true,
         };
         let handler = Arc::new(RingFloor { inner });
         let started = fuse_ring::Rings::start(session.as_fd().as_raw_fd(), &ring, handler)?;

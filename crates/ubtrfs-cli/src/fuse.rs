@@ -190,6 +190,8 @@ struct Agreed {
     killpriv: AtomicBool,
     posix_acl: AtomicBool,
     uring: AtomicBool,
+    /// A request came over the ring (the kernel uses it).
+    ring_used: AtomicBool,
 }
 
 impl FuseFs {
@@ -497,8 +499,18 @@ impl fuser::Filesystem for FuseFs {
         }
         // Over io_uring when the kernel offers it; the rings start once
         // INIT is answered (`start_rings`).
+        // Asked only where rings can be set up: once the kernel agreed, it
+        // holds every request until the queues exist.
+        let usable = || match fuse_ring::probe() {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!("FUSE over io_uring offered but not usable here: {e}");
+                false
+            }
+        };
         if self.uring_wanted
             && fuse_ring::kernel_enabled()
+            && usable()
             && config
                 .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
                 .is_ok()
@@ -518,7 +530,7 @@ impl fuser::Filesystem for FuseFs {
         // requests are answered, before the last commit.
         let rings = self.rings.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(r) = rings
-            && let Err(e) = r.join()
+            && let Err(e) = r.stop()
         {
             tracing::warn!("io_uring queues: {e}");
         }
@@ -1647,7 +1659,7 @@ impl FuseFs {
                 if self.served.writable() {
                     flags |= control::FLAG_READ_WRITE;
                 }
-                if self.rings.lock().is_ok_and(|r| r.is_some()) {
+                if self.agreed.ring_used.load(Ordering::Relaxed) {
                     flags |= control::FLAG_URING;
                 }
                 reply.ioctl(0, &self.stats.reply(flags))

@@ -497,8 +497,8 @@ fn serve(
         // waits for the queues, and holds requests until they are up.
         let access = crate::fuse::Access {
             acl: config.acl,
-            // SAFETY: getuid cannot fail.
-            owner: unsafe { libc::getuid() },
+            // As fuser tells the owner. SAFETY: geteuid cannot fail.
+            owner: unsafe { libc::geteuid() },
         };
         let rings = for_rings
             .start_rings(session.as_fd().as_raw_fd(), access)

@@ -53,7 +53,7 @@ impl FuseFs {
             return Ok(false);
         }
         let config = RingConfig {
-            queues: fuse_ring::possible_cpus()?,
+            queues: fuse_ring::probe()?,
             threads_per_queue: THREADS_PER_QUEUE,
             depth: 1,
             payload_size: MAX_WRITE as usize,
@@ -77,6 +77,7 @@ struct RingServer {
 impl fuse_ring::Handler for RingServer {
     fn handle(&self, entry: RingEntry) {
         let h = entry.header();
+        self.fs.agreed.ring_used.store(true, Ordering::Relaxed);
         if !self.allowed(h.opcode, h.uid) {
             return entry.error(libc::EACCES);
         }
@@ -158,6 +159,8 @@ const READ_LOCKOWNER: u32 = 2;
 const WRITE_LOCKOWNER: u32 = 2;
 const RELEASE_FLUSH: u32 = 1;
 const FSYNC_FDATASYNC: u32 = 1;
+/// `FUSE_IOCTL_UNRESTRICTED`.
+const IOCTL_UNRESTRICTED: u32 = 1 << 1;
 /// `fuse_setattr_in.valid` bits.
 const FATTR_MODE: u32 = 1 << 0;
 const FATTR_UID: u32 = 1 << 1;
@@ -295,25 +298,35 @@ impl RingServer {
                 reply,
             ),
             FALLOCATE => {
-                let (off, len, mode) = (a.u64(8), a.u64(16), a.u32(24) as i32);
+                let (Ok(off), Ok(len)) = (offset(a.u64(8)), offset(a.u64(16))) else {
+                    return reply.error(Errno::EINVAL);
+                };
+                let mode = a.u32(24) as i32;
                 fs.on_fallocate(req, ino, FileHandle(a.u64(0)), off, len, mode, reply)
             }
             LSEEK => {
                 let (off, whence) = (a.i64(8), a.u32(16) as i32);
                 fs.on_lseek(req, ino, FileHandle(a.u64(0)), off, whence, reply)
             }
-            COPY_FILE_RANGE => fs.on_copy_file_range(
-                req,
-                ino,
-                FileHandle(a.u64(0)),
-                a.u64(8),
-                INodeNo(a.u64(16)),
-                FileHandle(a.u64(24)),
-                a.u64(32),
-                a.u64(40),
-                CopyFileRangeFlags::from_bits_retain(a.u64(48)),
-                reply,
-            ),
+            COPY_FILE_RANGE => {
+                let (Ok(off_in), Ok(off_out), Ok(len)) =
+                    (offset(a.u64(8)), offset(a.u64(32)), offset(a.u64(40)))
+                else {
+                    return reply.error(Errno::EINVAL);
+                };
+                fs.on_copy_file_range(
+                    req,
+                    ino,
+                    FileHandle(a.u64(0)),
+                    off_in,
+                    INodeNo(a.u64(16)),
+                    FileHandle(a.u64(24)),
+                    off_out,
+                    len,
+                    CopyFileRangeFlags::from_bits_retain(a.u64(48)),
+                    reply,
+                )
+            }
             // Locks stay with the kernel, as through fuser; the rest is
             // not implemented.
             _ => reply.error(Errno::ENOSYS),
@@ -338,6 +351,8 @@ impl RingServer {
                 let fh = FileHandle(a.u64(0));
                 return fs.on_write(req, ino, fh, off, data, write_flags, flags, owner, reply);
             }
+            // Unrestricted ioctls (retried with iovecs) are refused, as fuser does.
+            IOCTL if a.u32(8) & IOCTL_UNRESTRICTED != 0 => return reply.error(Errno::ENOSYS),
             IOCTL => {
                 let in_data = r.payload.get(..a.u32(24) as usize).unwrap_or(r.payload);
                 let flags = IoctlFlags::from_bits_retain(a.u32(8));

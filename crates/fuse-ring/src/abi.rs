@@ -51,6 +51,7 @@ pub mod opcode {
     pub const RENAME2: u32 = 45;
     pub const LSEEK: u32 = 46;
     pub const COPY_FILE_RANGE: u32 = 47;
+    pub const STATX: u32 = 52;
 }
 
 /// Size of `fuse_in_header`.
@@ -65,6 +66,10 @@ pub const ENTRY_OUT_LEN: usize = 40 + ATTR_LEN;
 pub const ATTR_OUT_LEN: usize = 16 + ATTR_LEN;
 /// Size of `fuse_open_out`.
 pub const OPEN_OUT_LEN: usize = 16;
+/// Size of `fuse_statx_out` (its `fuse_statx` is laid out as `struct statx`).
+pub const STATX_OUT_LEN: usize = 32 + 256;
+/// `STATX_BASIC_STATS | STATX_BTIME`: what a statx reply fills in.
+pub const STATX_MASK: u32 = 0x7ff | 0x800;
 
 /// `fuse_in_header`: who asks what of which inode.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -180,6 +185,8 @@ pub struct Attr {
     pub mtime: Time,
     /// Last status change.
     pub ctime: Time,
+    /// Creation (btrfs' otime); only a statx reply carries it.
+    pub btime: Time,
     /// File type bits and permissions, as `st_mode`.
     pub mode: u32,
     /// Number of names.
@@ -204,6 +211,11 @@ impl Out {
     /// An empty reply body with room for `n` bytes.
     pub fn with_capacity(n: usize) -> Out {
         Out(Vec::with_capacity(n))
+    }
+    /// Appends a `u16`.
+    pub fn u16(&mut self, v: u16) -> &mut Self {
+        self.0.extend_from_slice(&v.to_ne_bytes());
+        self
     }
     /// Appends a `u32`.
     pub fn u32(&mut self, v: u32) -> &mut Self {
@@ -243,6 +255,25 @@ impl Out {
     pub fn attr_out(&mut self, ttl: Duration, a: &Attr) -> &mut Self {
         self.u64(ttl.as_secs()).u32(ttl.subsec_nanos()).u32(0);
         self.attr(a)
+    }
+    /// Appends a `fuse_statx_out`: the attributes with the birth time.
+    pub fn statx_out(&mut self, ttl: Duration, a: &Attr) -> &mut Self {
+        self.u64(ttl.as_secs()).u32(ttl.subsec_nanos()).u32(0);
+        self.u64(0).u64(0);
+        let start = self.0.len();
+        self.u32(STATX_MASK).u32(a.blksize).u64(0);
+        self.u32(a.nlink).u32(a.uid).u32(a.gid);
+        self.u16(a.mode as u16).u16(0);
+        self.u64(a.ino).u64(a.size).u64(a.blocks).u64(0);
+        for t in [a.atime, a.btime, a.ctime, a.mtime] {
+            self.u64(t.secs as u64).u32(t.nanos).u32(0);
+        }
+        // The device number as the kernel encodes it in `fuse_attr.rdev`.
+        let major = (a.rdev & 0xfff00) >> 8;
+        let minor = (a.rdev & 0xff) | ((a.rdev >> 12) & 0xfff00);
+        self.u32(major).u32(minor).u32(0).u32(0);
+        self.0.resize(start + 256, 0);
+        self
     }
     /// Appends a `fuse_open_out`.
     pub fn open(&mut self, fh: u64, open_flags: u32) -> &mut Self {
@@ -315,6 +346,39 @@ mod tests {
             ATTR_OUT_LEN
         );
         assert_eq!(Out::default().open(0, 0).0.len(), OPEN_OUT_LEN);
+        assert_eq!(
+            Out::default().statx_out(Duration::ZERO, &a).0.len(),
+            STATX_OUT_LEN
+        );
+    }
+
+    #[test]
+    fn statx_fields_sit_where_struct_statx_has_them() {
+        let a = Attr {
+            ino: 7,
+            size: 4097,
+            btime: Time {
+                secs: 1_700_000_000,
+                nanos: 5,
+            },
+            mode: 0o100644,
+            // major 8, minor 300, as `new_encode_dev` packs them
+            rdev: (300 & 0xff) | (8 << 8) | ((300 & !0xff) << 12),
+            ..Attr::default()
+        };
+        let o = Out::default()
+            .statx_out(Duration::from_secs(2), &a)
+            .0
+            .clone();
+        let sx = Args(&o[32..]);
+        assert_eq!(Args(&o).u64(0), 2);
+        assert_eq!(sx.u32(0), STATX_MASK);
+        assert_eq!(sx.u16(28), 0o100644);
+        assert_eq!(sx.u64(32), 7);
+        assert_eq!(sx.u64(40), 4097);
+        assert_eq!(sx.i64(80), 1_700_000_000);
+        assert_eq!(sx.u32(88), 5);
+        assert_eq!((sx.u32(128), sx.u32(132)), (8, 300));
     }
 
     #[test]

@@ -58,6 +58,7 @@ pub fn attr(a: &FileAttr) -> Attr {
         atime: time(a.atime),
         mtime: time(a.mtime),
         ctime: time(a.ctime),
+        btime: time(a.crtime),
         mode: mode_bits(a.kind) | u32::from(a.perm),
         nlink: a.nlink,
         uid: a.uid,

@@ -716,10 +716,11 @@ fn main() -> Result<()> {
     // now on. The descriptor lives as long as the session, which outlives
     // the rings (joined in `destroy`).
     if uring.load(Ordering::Relaxed) {
+        let queues = fuse_ring::probe()?;
         let ring = fuse_ring::RingConfig {
-            queues: fuse_ring::probe()?,
+            queues,
             // As `ubtrfs mount` sets its queues up.
-            threads_per_queue: 4,
+            threads_per_queue: (16 / queues.max(1)).clamp(1, 4),
             depth: 1,
             payload_size: RING_MAX_WRITE as usize,
             pin: true,

@@ -30,8 +30,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// and the kernel sends at most `max_pages` (256 pages) in one write anyway.
 pub(super) const MAX_WRITE: u32 = 1 << 20;
 /// Threads per CPU queue, each with one entry: a request never waits for a
-/// busy thread while another of its queue is free.
-const THREADS_PER_QUEUE: usize = 4;
+/// busy thread while another of its queue is free. Fewer on machines with
+/// many CPUs, where each queue sees less: at most 16 threads in all unless
+/// there are more CPUs than that (each entry has a 1 MiB buffer).
+fn threads_per_queue(queues: usize) -> usize {
+    (16 / queues.max(1)).clamp(1, 4)
+}
 
 /// Who may use the mount, as `fuser` checks it (`allow_root`, or
 /// `auto_unmount`, which needs `allow_other` underneath).
@@ -52,9 +56,10 @@ impl FuseFs {
         if !self.agreed.uring.load(Ordering::Relaxed) {
             return Ok(false);
         }
+        let queues = fuse_ring::probe()?;
         let config = RingConfig {
-            queues: fuse_ring::probe()?,
-            threads_per_queue: THREADS_PER_QUEUE,
+            queues,
+            threads_per_queue: threads_per_queue(queues),
             depth: 1,
             payload_size: MAX_WRITE as usize,
             pin: true,
@@ -242,6 +247,12 @@ impl RingServer {
                     None,
                     reply,
                 )
+            }
+            // The same attributes as GETATTR, with the birth time (which
+            // fuser's /dev/fuse path cannot answer).
+            STATX => {
+                let fh = (a.u32(0) & GETATTR_FH != 0).then(|| FileHandle(a.u64(8)));
+                fs.on_getattr(req, ino, fh, RingStatx(reply))
             }
             READLINK => fs.on_readlink(req, ino, reply),
             OPEN => fs.on_open(req, ino, OpenFlags(a.u32(0) as i32), reply),
@@ -605,6 +616,23 @@ impl StatfsReply for RingReply {
         out.u32(bsize).u32(namelen).u32(frsize).u32(0);
         out.0.resize(80, 0);
         self.send(&[&out.0]);
+    }
+}
+
+/// Attributes answered as `fuse_statx_out`.
+struct RingStatx(RingReply);
+
+impl Reply for RingStatx {
+    fn error(self, e: Errno) {
+        self.0.error(e);
+    }
+}
+
+impl AttrReply for RingStatx {
+    fn attr(self, ttl: &Duration, attr: &FileAttr) {
+        let mut out = Out::with_capacity(fuse_ring::abi::STATX_OUT_LEN);
+        out.statx_out(*ttl, &from_fuser::attr(attr));
+        self.0.send(&[&out.0]);
     }
 }
 

@@ -517,6 +517,13 @@ impl fuser::Filesystem for FuseFs {
         {
             // Every ring entry has a payload buffer of `max_write` bytes.
             let _ = config.set_max_write(ring::MAX_WRITE);
+            // The longer `fuse_setxattr_in`, which says when setting an ACL
+            // must clear set-group-ID: only the ring reads it (fuser would
+            // take its extra fields for the name), and every SETXATTR
+            // comes over the ring once it is up.
+            if self.posix_acl() {
+                let _ = config.add_capabilities(InitFlags::FUSE_SETXATTR_EXT);
+            }
             self.agreed.uring.store(true, Ordering::Relaxed);
         }
         Ok(())
@@ -830,6 +837,8 @@ impl fuser::Filesystem for FuseFs {
         position: u32,
         reply: ReplyEmpty,
     ) {
+        // Without FUSE_SETXATTR_EXT (fuser cannot read it) the kernel
+        // never asks to kill set-group-ID.
         self.on_setxattr(
             &Caller::from(_req),
             ino,
@@ -837,6 +846,7 @@ impl fuser::Filesystem for FuseFs {
             value,
             flags,
             position,
+            false,
             reply,
         )
     }
@@ -1512,9 +1522,10 @@ impl FuseFs {
         value: &[u8],
         flags: i32,
         position: u32,
+        kill_sgid: bool,
         reply: R,
     ) {
-        match self.do_setxattr(ino, name, value, flags, position) {
+        match self.do_setxattr(ino, name, value, flags, position, kill_sgid) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }

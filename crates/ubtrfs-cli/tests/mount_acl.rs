@@ -11,6 +11,9 @@
 //!   umask is then ignored;
 //! - without a default ACL the umask applies;
 //! - an ACL that says no more than the mode is not stored;
+//! - an ACL set by the owner from outside the file's group clears its
+//!   set-group-ID bit (over io_uring, where the mount is told to; the
+//!   test script has the kernel offer it);
 //! - the image then passes `btrfs check` and the kernel reads the ACLs
 //!   ubtrfs wrote.
 //!
@@ -104,6 +107,11 @@ const STEPS: &[Step] = &[
     user(false, "cat f"),
     // Without its default ACL, the directory gives the umask again.
     root("setfacl -k d && umask 022 && printf k > d/after && getfacl -n d d/after"),
+    // The owner is not in the group (3000): setting an ACL clears
+    // set-group-ID; root's chmod sets it again and root keeps it.
+    root("printf s > sg && chown 1000:3000 sg && chmod 2770 sg && stat -c '%A %a' sg"),
+    user(true, "setfacl -m u:1000:rwx sg && stat -c '%A %a' sg"),
+    root("chmod 2770 sg && setfacl -m u:1000:rwx sg && stat -c '%A %a' sg && getfacl -n sg"),
     root(SHOW_ALL),
 ];
 

@@ -164,6 +164,8 @@ const READ_LOCKOWNER: u32 = 2;
 const WRITE_LOCKOWNER: u32 = 2;
 const RELEASE_FLUSH: u32 = 1;
 const FSYNC_FDATASYNC: u32 = 1;
+/// `FUSE_SETXATTR_ACL_KILL_SGID`.
+const SETXATTR_ACL_KILL_SGID: u32 = 1;
 /// `FUSE_IOCTL_UNRESTRICTED`.
 const IOCTL_UNRESTRICTED: u32 = 1 << 1;
 /// `fuse_setattr_in.valid` bits.
@@ -416,7 +418,11 @@ impl RingServer {
                 let Some(value) = rest.get(..size) else {
                     return reply.error(Errno::EINVAL);
                 };
-                fs.on_setxattr(req, ino, first, value, a.u32(4) as i32, 0, reply)
+                // `setxattr_flags` (FUSE_SETXATTR_EXT): the caller may not
+                // keep set-group-ID (FUSE_SETXATTR_ACL_KILL_SGID).
+                let kill_sgid = a.0.len() >= 16 && a.u32(8) & SETXATTR_ACL_KILL_SGID != 0;
+                let flags = a.u32(4) as i32;
+                fs.on_setxattr(req, ino, first, value, flags, 0, kill_sgid, reply)
             }
             _ => reply.error(Errno::ENOSYS),
         }

@@ -237,6 +237,8 @@ impl FuseFs {
         (attr.size.is_some() && !has_fsetid(req)).then_some(contents)
     }
 
+    /// Set an xattr; with `kill_sgid` (over io_uring only, see `ring.rs`)
+    /// setting an access ACL also clears set-group-ID.
     pub(super) fn do_setxattr(
         &self,
         ino: INodeNo,
@@ -244,6 +246,7 @@ impl FuseFs {
         value: &[u8],
         flags: i32,
         position: u32,
+        kill_sgid: bool,
     ) -> Result<(), Errno> {
         // A position is for macOS resource forks only.
         if position != 0 {
@@ -253,7 +256,22 @@ impl FuseFs {
         let id = self.inode_of(ino);
         self.served.write(|fs| {
             fs.set_xattr(id, name.as_bytes(), value, flags)
-                .map_err(xattr_errno)
+                .map_err(xattr_errno)?;
+            // The kernel asks this of an access ACL set by a caller outside
+            // the file's group without CAP_FSETID, as its own filesystems
+            // clear the bit then.
+            if kill_sgid && name.as_bytes() == b"system.posix_acl_access" {
+                let st = fs.stat(id).map_err(errno)?;
+                if st.mode & libc::S_ISGID != 0 {
+                    let mode = st.mode & 0o7777 & !libc::S_ISGID;
+                    let change = SetAttr {
+                        mode: Some(mode),
+                        ..SetAttr::default()
+                    };
+                    fs.setattr(id, change).map_err(errno)?;
+                }
+            }
+            Ok(())
         })
     }
 

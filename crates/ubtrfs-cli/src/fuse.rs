@@ -192,6 +192,8 @@ struct Agreed {
     uring: AtomicBool,
     /// A request came over the ring (the kernel uses it).
     ring_used: AtomicBool,
+    /// The longer `fuse_setxattr_in` (only the ring reads it).
+    setxattr_ext: AtomicBool,
 }
 
 impl FuseFs {
@@ -521,8 +523,12 @@ impl fuser::Filesystem for FuseFs {
             // must clear set-group-ID: only the ring reads it (fuser would
             // take its extra fields for the name), and every SETXATTR
             // comes over the ring once it is up.
-            if self.posix_acl() {
-                let _ = config.add_capabilities(InitFlags::FUSE_SETXATTR_EXT);
+            if self.posix_acl()
+                && config
+                    .add_capabilities(InitFlags::FUSE_SETXATTR_EXT)
+                    .is_ok()
+            {
+                self.agreed.setxattr_ext.store(true, Ordering::Relaxed);
             }
             self.agreed.uring.store(true, Ordering::Relaxed);
         }
@@ -837,8 +843,15 @@ impl fuser::Filesystem for FuseFs {
         position: u32,
         reply: ReplyEmpty,
     ) {
-        // Without FUSE_SETXATTR_EXT (fuser cannot read it) the kernel
-        // never asks to kill set-group-ID.
+        // fuser reads the longer `fuse_setxattr_in` the ring asked for as
+        // part of the name: refuse rather than set a wrong attribute (only
+        // if the kernel fell back from the ring after INIT).
+        if self.agreed.setxattr_ext.load(Ordering::Relaxed) {
+            tracing::error!("setxattr through /dev/fuse after agreeing to FUSE_SETXATTR_EXT");
+            return reply.error(Errno::EIO);
+        }
+        // Without FUSE_SETXATTR_EXT the kernel never asks to kill
+        // set-group-ID.
         self.on_setxattr(
             &Caller::from(_req),
             ino,

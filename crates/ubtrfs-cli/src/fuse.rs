@@ -299,7 +299,15 @@ impl FuseFs {
     }
 
     /// Entries of `dir` from cookie `offset` on, as (cookie, name, id, kind).
-    fn entries(&self, fs: &Filesystem, dir: InodeId, offset: u64) -> Result<Vec<Listed>, Errno> {
+    /// At most `limit` of them (`.` and `..` included), read from the
+    /// tree: a listing in pages reads each page's worth.
+    fn entries(
+        &self,
+        fs: &Filesystem,
+        dir: InodeId,
+        offset: u64,
+        limit: usize,
+    ) -> Result<Vec<Listed>, Errno> {
         let mut out = Vec::new();
         if offset < 1 {
             out.push((1, b".".to_vec(), dir, FileKind::Dir));
@@ -315,7 +323,8 @@ impl FuseFs {
             out.push((2, b"..".to_vec(), parent, FileKind::Dir));
         }
         let after = offset.saturating_sub(COOKIE_BASE);
-        for e in fs.read_dir(dir, after).map_err(errno)? {
+        let rest = limit.saturating_sub(out.len());
+        for e in fs.read_dir_up_to(dir, after, rest).map_err(errno)? {
             let cookie = e.index.checked_add(COOKIE_BASE).ok_or(Errno::EOVERFLOW)?;
             out.push((cookie, e.name, e.id, e.kind));
         }
@@ -1164,9 +1173,11 @@ impl FuseFs {
         mut reply: R,
     ) {
         self.stats.count(Counter::Readdir);
+        // Each entry takes 32 bytes or more: what cannot fit is not read.
+        let limit = reply.room() / 32 + 1;
         let entries = match self
             .served
-            .read(|fs| self.entries(fs, self.inode_of(ino), offset))
+            .read(|fs| self.entries(fs, self.inode_of(ino), offset, limit))
         {
             Ok(e) => e,
             Err(e) => return reply.error(e),
@@ -1191,28 +1202,24 @@ impl FuseFs {
         mut reply: R,
     ) {
         self.stats.count(Counter::Readdirplus);
-        // Listing and attributes under one hold of the lock: one snapshot.
-        let listed = self.served.read(|fs| {
-            let entries = self.entries(fs, self.inode_of(ino), offset)?;
-            let mut out = Vec::with_capacity(entries.len());
-            for (cookie, name, id, _kind) in entries {
-                let st = fs.stat(id).map_err(errno)?;
-                out.push((cookie, name, self.entry(&st)?));
-            }
-            Ok::<_, Errno>(out)
-        });
-        let listed = match listed {
-            Ok(l) => l,
-            Err(e) => return reply.error(e),
-        };
+        // Each entry takes 160 bytes or more; only what fits is read and
+        // looked up, under one hold of the lock: one snapshot.
+        let limit = reply.room() / 160 + 1;
         let ttl = self.ttl();
-        for (cookie, name, (attr, generation)) in listed {
-            let name = OsStr::from_bytes(&name);
-            if reply.add(attr.ino, cookie, name, &ttl, &attr, generation) {
-                break;
+        let listed = self.served.read(|fs| {
+            for (cookie, name, id, _kind) in self.entries(fs, self.inode_of(ino), offset, limit)? {
+                let (attr, generation) = self.entry(&fs.stat(id).map_err(errno)?)?;
+                let name = OsStr::from_bytes(&name);
+                if reply.add(attr.ino, cookie, name, &ttl, &attr, generation) {
+                    break;
+                }
             }
+            Ok::<_, Errno>(())
+        });
+        match listed {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
         }
-        reply.ok();
     }
     pub(super) fn on_releasedir<R: EmptyReply>(
         &self,

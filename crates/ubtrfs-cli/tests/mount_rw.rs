@@ -2126,3 +2126,49 @@ fn requests_come_over_io_uring_when_the_kernel_offers_it() {
         }
     }
 }
+
+/// A directory listed a page at a time (each page read and looked up on
+/// its own): every name once, with names of every length, in plain and
+/// attribute-carrying listings, cold and warm.
+#[test]
+fn large_directories_list_every_name_once() {
+    require_privileged!();
+    let t = TestDir::new("mount-rw-bigdir").unwrap();
+    let img = new_image(&t);
+    let m = RwMount::start(&img, &t.join("fuse"), &NO_TIMER);
+    let d = m.path().join("big");
+    fs::create_dir(&d).unwrap();
+    let mut want = std::collections::BTreeSet::new();
+    for i in 0..3000usize {
+        let name = format!("{i}{}", "n".repeat(i % 200));
+        File::create(d.join(&name)).unwrap();
+        want.insert(name);
+    }
+    let list = || {
+        let mut seen = std::collections::BTreeSet::new();
+        for e in fs::read_dir(&d).unwrap() {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            assert!(seen.insert(name.clone()), "{name} listed twice");
+        }
+        seen
+    };
+    let before = server_info(m.path());
+    assert!(list() == want, "warm listing differs");
+    // Dentries and inodes go: the next listing reaches the mount cold.
+    fs::write("/proc/sys/vm/drop_caches", b"2\n").unwrap();
+    assert!(list() == want, "cold listing differs");
+    // ls -l: a listing with a stat of each name.
+    for e in fs::read_dir(&d).unwrap() {
+        let e = e.unwrap();
+        assert!(e.metadata().unwrap().is_file());
+    }
+    assert!(list() == want, "listing after stats differs");
+    let after = server_info(m.path());
+    assert!(
+        after[info::READDIRPLUS] + after[info::READDIR]
+            > before[info::READDIRPLUS] + before[info::READDIR],
+        "no listing reached the mount"
+    );
+    m.unmount_cleanly();
+    check_image(&img);
+}

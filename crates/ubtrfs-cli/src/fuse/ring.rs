@@ -666,6 +666,9 @@ impl Reply for RingDir {
 }
 
 impl DirReply for RingDir {
+    fn room(&self) -> usize {
+        self.limit
+    }
     fn add(&mut self, ino: INodeNo, offset: u64, kind: FileType, name: &OsStr) -> bool {
         let kind = from_fuser::dirent_type(kind);
         !self
@@ -697,6 +700,9 @@ impl Reply for RingDirPlus {
 }
 
 impl DirPlusReply for RingDirPlus {
+    fn room(&self) -> usize {
+        self.dir.limit
+    }
     fn add(
         &mut self,
         ino: INodeNo,

@@ -142,6 +142,18 @@ impl Filesystem {
 
     /// Entries of `dir` whose index is above `after_index`, by index.
     pub fn read_dir(&self, dir: InodeId, after_index: u64) -> Result<Vec<DirEntry>> {
+        self.read_dir_up_to(dir, after_index, usize::MAX)
+    }
+
+    /// Like [`Filesystem::read_dir`], at most `limit` entries: a listing
+    /// read a page at a time costs each page, not the rest of the
+    /// directory.
+    pub fn read_dir_up_to(
+        &self,
+        dir: InodeId,
+        after_index: u64,
+        limit: usize,
+    ) -> Result<Vec<DirEntry>> {
         self.dir_check(dir)?;
         if dir.ino == EMPTY_SUBVOL_DIR {
             return Ok(Vec::new());
@@ -159,6 +171,9 @@ impl Filesystem {
             let index = item.key().offset;
             for d in DirItem::parse_all(item.data())? {
                 out.push(self.entry(dir, d, index)?);
+            }
+            if out.len() >= limit {
+                break;
             }
         }
         Ok(out)

@@ -71,6 +71,7 @@ if ((root)); then
     [ -e /dev/loop-control ] || die "/dev/loop-control is missing; the tests need loop devices"
     # FUSE over io_uring (Linux 6.14+): mounts take their requests over it
     # when the kernel offers it; tests that want /dev/fuse say nouring.
+    if command -v modprobe >/dev/null; then modprobe fuse 2>/dev/null || true; fi
     uring=/sys/module/fuse/parameters/enable_uring
     [ -e "$uring" ] || die "$uring is missing: the kernel has no FUSE over io_uring, which the tests need"
     echo Y >"$uring"

@@ -36,6 +36,10 @@ pub enum Error {
     /// `/sys/devices/system/cpu/possible` could not be read or parsed.
     #[error("cannot tell the possible CPUs: {0}")]
     Cpus(String),
+    /// The kernel refused a ring entry (it then serves the connection
+    /// through /dev/fuse only).
+    #[error("the kernel refused a FUSE io_uring entry: {0}")]
+    Register(std::io::Error),
 }
 
 /// Whether the running kernel offers FUSE over io_uring to new mounts.

@@ -39,6 +39,11 @@ const IOVECS: u32 = 2;
 const WAKE: u64 = u64::MAX;
 /// The kernel's smallest payload (`FUSE_MIN_READ_BUFFER`).
 const MIN_PAYLOAD: usize = 8192;
+/// Entries one thread registers at most, spares included: FUSE cannot
+/// take an entry back, and each has a payload buffer.
+const MAX_ENTRIES_PER_THREAD: usize = 16;
+/// How long `Rings::start` waits for the kernel to take the entries.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How many rings, entries and buffers to set up.
 #[derive(Clone, Debug)]
@@ -231,7 +236,7 @@ impl Drop for RingEntry {
 
 /// The running rings.
 pub struct Rings {
-    threads: Vec<JoinHandle<io::Result<()>>>,
+    threads: Vec<JoinHandle<(io::Result<()>, Queue)>>,
     mailboxes: Vec<Arc<Mailbox>>,
 }
 
@@ -280,16 +285,44 @@ impl Rings {
         }
         let mut threads = Vec::new();
         let mailboxes = prepared.iter().map(|q| Arc::clone(&q.mailbox)).collect();
-        for q in prepared {
+        let count = prepared.len();
+        let (started, registered) = std::sync::mpsc::channel();
+        for mut q in prepared {
             let handler = Arc::clone(&handler);
+            let started = started.clone();
             let name = format!("fuse-ring-{}", q.qid);
-            threads.push(
-                std::thread::Builder::new()
-                    .name(name)
-                    .spawn(move || q.serve(&*handler))?,
-            );
+            // The queue (its ring and buffers) is dropped by whoever joins
+            // the thread: once the thread is gone the kernel writes into no
+            // entry of a closing ring.
+            let spawned = std::thread::Builder::new().name(name).spawn(move || {
+                let r = q.serve(&*handler, Some(started));
+                (r, q)
+            });
+            match spawned {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    Rings { threads, mailboxes }.stop_quietly();
+                    return Err(e.into());
+                }
+            }
         }
-        Ok(Rings { threads, mailboxes })
+        let rings = Rings { threads, mailboxes };
+        // A refused entry makes the kernel fall back to /dev/fuse for good:
+        // fail the start rather than serve half one way, half the other.
+        for _ in 0..count {
+            let outcome = registered
+                .recv_timeout(START_TIMEOUT)
+                .unwrap_or_else(|_| Err(io::Error::other("no answer from the kernel")));
+            if let Err(e) = outcome {
+                rings.stop_quietly();
+                return Err(Error::Register(e));
+            }
+        }
+        Ok(rings)
+    }
+
+    fn stop_quietly(self) {
+        let _ = self.stop();
     }
 
     /// Stops every thread once the request it is serving is answered, and
@@ -303,9 +336,13 @@ impl Rings {
         }
         let mut first = Ok(());
         for t in self.threads {
-            let r = t
-                .join()
-                .unwrap_or_else(|_| Err(io::Error::other("ring thread panicked")));
+            let r = match t.join() {
+                Ok((r, queue)) => {
+                    drop(queue);
+                    r
+                }
+                Err(_) => Err(io::Error::other("ring thread panicked")),
+            };
             if first.is_ok() {
                 first = r;
             }
@@ -313,6 +350,9 @@ impl Rings {
         first
     }
 }
+
+/// Where a thread reports once whether the kernel took its entries.
+type Started = Option<std::sync::mpsc::Sender<io::Result<()>>>;
 
 /// One thread's ring and entries, for one queue.
 struct Queue {
@@ -368,7 +408,18 @@ impl Queue {
         }
     }
 
-    fn serve(mut self, handler: &dyn Handler) -> io::Result<()> {
+    /// Serves until the connection ends or `stop`; reports once through
+    /// `started` whether the kernel took the entries.
+    fn serve(&mut self, handler: &dyn Handler, mut started: Started) -> io::Result<()> {
+        let r = self.serve_until_done(handler, &mut started);
+        // Failed before reporting: `Rings::start` must not wait for us.
+        if let (Some(tx), Err(e)) = (started, &r) {
+            let _ = tx.send(Err(io::Error::new(e.kind(), e.to_string())));
+        }
+        r
+    }
+
+    fn serve_until_done(&mut self, handler: &dyn Handler, started: &mut Started) -> io::Result<()> {
         let _ = self.mailbox.owner.set(std::thread::current().id());
         if self.pin {
             pin_to_cpu(usize::from(self.qid));
@@ -388,7 +439,23 @@ impl Queue {
         let mut first_error = None;
         // Entries whose request is answered on another thread, later.
         let mut held = std::collections::HashSet::new();
-        let mut completed = Vec::new();
+        // The kernel refuses an entry at once, while it takes one in
+        // silence: what completed during the first submission tells.
+        self.ring.submit()?;
+        let mut completed: Vec<(u64, i32)> = self
+            .ring
+            .completion()
+            .map(|c| (c.user_data(), c.result()))
+            .collect();
+        let refused = completed.iter().find(|&&(data, res)| {
+            data != WAKE && res < 0 && res != -libc::EAGAIN && res != -libc::EINTR
+        });
+        if let Some(&(_, res)) = refused {
+            return Err(io::Error::from_raw_os_error(-res));
+        }
+        if let Some(tx) = started.take() {
+            let _ = tx.send(Ok(()));
+        }
         loop {
             let replied = std::mem::take(
                 &mut *self
@@ -406,12 +473,16 @@ impl Queue {
             if live == 0 || self.mailbox.stop.load(Ordering::Acquire) {
                 break;
             }
-            match self.ring.submit_and_wait(1) {
-                Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-                Err(e) => return Err(e),
+            if completed.is_empty() {
+                match self.ring.submit_and_wait(1) {
+                    Ok(_) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                    Err(e) => return Err(e),
+                }
+                completed.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+            } else {
+                self.ring.submit()?;
             }
-            completed.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
             for (data, res) in completed.drain(..) {
                 if data == WAKE {
                     self.push(&wake_read())?;
@@ -435,6 +506,7 @@ impl Queue {
                         if !self.bufs[index].answered.load(Ordering::Acquire)
                             && held.insert(index)
                             && held.len() == live
+                            && self.bufs.len() < MAX_ENTRIES_PER_THREAD
                         {
                             self.bufs.push(Buffers::new(self.payload_size));
                             let sqe = self.register(self.bufs.len() - 1);
@@ -451,7 +523,8 @@ impl Queue {
                     // The connection is over (unmount, abort): the entry too.
                     r => {
                         live -= 1;
-                        if r != -libc::ENOTCONN && r != -libc::ECANCELED && first_error.is_none() {
+                        let ended = [libc::ENOTCONN, libc::ECANCELED, libc::ECONNABORTED];
+                        if !ended.contains(&-r) && first_error.is_none() {
                             first_error = Some(io::Error::from_raw_os_error(-r));
                         }
                     }

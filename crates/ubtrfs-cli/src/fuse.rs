@@ -192,8 +192,6 @@ struct Agreed {
     uring: AtomicBool,
     /// A request came over the ring (the kernel uses it).
     ring_used: AtomicBool,
-    /// The longer `fuse_setxattr_in` (only the ring reads it).
-    setxattr_ext: AtomicBool,
 }
 
 impl FuseFs {
@@ -530,14 +528,12 @@ impl fuser::Filesystem for FuseFs {
             let _ = config.set_max_write(ring::MAX_WRITE);
             // The longer `fuse_setxattr_in`, which says when setting an ACL
             // must clear set-group-ID: only the ring reads it (fuser would
-            // take its extra fields for the name), and every SETXATTR
-            // comes over the ring once it is up.
-            if self.posix_acl()
-                && config
-                    .add_capabilities(InitFlags::FUSE_SETXATTR_EXT)
-                    .is_ok()
-            {
-                self.agreed.setxattr_ext.store(true, Ordering::Relaxed);
+            // misread it), and every SETXATTR comes over the ring: requests
+            // wait until the queues are up, and if the kernel refuses an
+            // entry (its one way back to /dev/fuse) the mount fails to start
+            // (`Rings::start`).
+            if self.posix_acl() {
+                let _ = config.add_capabilities(InitFlags::FUSE_SETXATTR_EXT);
             }
             self.agreed.uring.store(true, Ordering::Relaxed);
         }
@@ -852,15 +848,8 @@ impl fuser::Filesystem for FuseFs {
         position: u32,
         reply: ReplyEmpty,
     ) {
-        // fuser reads the longer `fuse_setxattr_in` the ring asked for as
-        // part of the name: refuse rather than set a wrong attribute (only
-        // if the kernel fell back from the ring after INIT).
-        if self.agreed.setxattr_ext.load(Ordering::Relaxed) {
-            tracing::error!("setxattr through /dev/fuse after agreeing to FUSE_SETXATTR_EXT");
-            return reply.error(Errno::EIO);
-        }
-        // Without FUSE_SETXATTR_EXT the kernel never asks to kill
-        // set-group-ID.
+        // Only without FUSE_SETXATTR_EXT does a SETXATTR come this way (see
+        // `init`), and then the kernel never asks to kill set-group-ID.
         self.on_setxattr(
             &Caller::from(_req),
             ino,

@@ -502,7 +502,7 @@ fn serve(
         };
         let rings = for_rings
             .start_rings(session.as_fd().as_raw_fd(), access)
-            .context("cannot start the io_uring queues")?;
+            .context("cannot start the io_uring queues (-o nouring serves through /dev/fuse)")?;
         if rings {
             tracing::info!("serving over io_uring");
         }

@@ -297,8 +297,35 @@ impl FuseFs {
     }
 
     /// Entries of `dir` from cookie `offset` on, as (cookie, name, id, kind).
-    /// At most `limit` of them (`.` and `..` included), read from the
-    /// tree: a listing in pages reads each page's worth.
+    /// Hands the entries of `dir` after cookie `offset` to `add` until it
+    /// says the reply is full, reading them `chunk` at a time: a listing
+    /// in pages reads each page's worth, not the rest of the directory,
+    /// and fills whatever size of reply the kernel asked for.
+    fn list(
+        &self,
+        fs: &Filesystem,
+        dir: InodeId,
+        mut offset: u64,
+        chunk: usize,
+        mut add: impl FnMut(Listed) -> Result<bool, Errno>,
+    ) -> Result<(), Errno> {
+        loop {
+            let entries = self.entries(fs, dir, offset, chunk)?;
+            let last_chunk = entries.len() < chunk;
+            for e in entries {
+                let cookie = e.0;
+                if add(e)? {
+                    return Ok(());
+                }
+                offset = cookie;
+            }
+            if last_chunk {
+                return Ok(());
+            }
+        }
+    }
+
+    /// At most `limit` of them (`.` and `..` included), read from the tree.
     fn entries(
         &self,
         fs: &Filesystem,
@@ -1162,25 +1189,22 @@ impl FuseFs {
         mut reply: R,
     ) {
         self.stats.count(Counter::Readdir);
-        // Each entry takes 32 bytes or more: what cannot fit is not read.
-        let limit = reply.room() / 32 + 1;
-        let entries = match self
-            .served
-            .read(|fs| self.entries(fs, self.inode_of(ino), offset, limit))
-        {
-            Ok(e) => e,
-            Err(e) => return reply.error(e),
-        };
-        for (cookie, name, id, kind) in entries {
-            let fino = match self.to_fuse(id) {
-                Ok(n) => n,
-                Err(e) => return reply.error(e),
-            };
-            if reply.add(fino, cookie, file_type(kind), OsStr::from_bytes(&name)) {
-                break;
-            }
+        let listed = self.served.read(|fs| {
+            self.list(
+                fs,
+                self.inode_of(ino),
+                offset,
+                256,
+                |(cookie, name, id, kind)| {
+                    let fino = self.to_fuse(id)?;
+                    Ok(reply.add(fino, cookie, file_type(kind), OsStr::from_bytes(&name)))
+                },
+            )
+        });
+        match listed {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
         }
-        reply.ok();
     }
     pub(super) fn on_readdirplus<R: DirPlusReply>(
         &self,
@@ -1191,19 +1215,21 @@ impl FuseFs {
         mut reply: R,
     ) {
         self.stats.count(Counter::Readdirplus);
-        // Each entry takes 160 bytes or more; only what fits is read and
-        // looked up, under one hold of the lock: one snapshot.
-        let limit = reply.room() / 160 + 1;
+        // Listing and attributes under one hold of the lock: one snapshot.
+        // Only the entries the reply takes are looked up.
         let ttl = self.ttl();
         let listed = self.served.read(|fs| {
-            for (cookie, name, id, _kind) in self.entries(fs, self.inode_of(ino), offset, limit)? {
-                let (attr, generation) = self.entry(&fs.stat(id).map_err(errno)?)?;
-                let name = OsStr::from_bytes(&name);
-                if reply.add(attr.ino, cookie, name, &ttl, &attr, generation) {
-                    break;
-                }
-            }
-            Ok::<_, Errno>(())
+            self.list(
+                fs,
+                self.inode_of(ino),
+                offset,
+                64,
+                |(cookie, name, id, _)| {
+                    let (attr, generation) = self.entry(&fs.stat(id).map_err(errno)?)?;
+                    let name = OsStr::from_bytes(&name);
+                    Ok(reply.add(attr.ino, cookie, name, &ttl, &attr, generation))
+                },
+            )
         });
         match listed {
             Ok(()) => reply.ok(),

@@ -2129,13 +2129,20 @@ fn requests_come_over_io_uring_when_the_kernel_offers_it() {
 
 /// A directory listed a page at a time (each page read and looked up on
 /// its own): every name once, with names of every length, in plain and
-/// attribute-carrying listings, cold and warm.
+/// attribute-carrying listings, cold and warm, over io_uring and through
+/// /dev/fuse.
 #[test]
 fn large_directories_list_every_name_once() {
     require_privileged!();
+    for args in [&[][..], &["-o", "nouring"][..]] {
+        list_a_large_directory(args);
+    }
+}
+
+fn list_a_large_directory(args: &[&str]) {
     let t = TestDir::new("mount-rw-bigdir").unwrap();
     let img = new_image(&t);
-    let m = RwMount::start(&img, &t.join("fuse"), &NO_TIMER);
+    let m = RwMount::start(&img, &t.join("fuse"), args);
     let d = m.path().join("big");
     fs::create_dir(&d).unwrap();
     let mut want = std::collections::BTreeSet::new();

@@ -122,16 +122,12 @@ pub(crate) trait StatfsReply: Reply {
 
 /// A directory listing filled entry by entry; `add` says when it is full.
 pub(crate) trait DirReply: Reply {
-    /// Bytes the listing may take.
-    fn room(&self) -> usize;
     fn add(&mut self, ino: INodeNo, offset: u64, kind: FileType, name: &OsStr) -> bool;
     fn ok(self);
 }
 
 /// A listing with each entry's attributes (readdirplus).
 pub(crate) trait DirPlusReply: Reply {
-    /// Bytes the listing may take.
-    fn room(&self) -> usize;
     fn add(
         &mut self,
         ino: INodeNo,
@@ -260,15 +256,7 @@ impl StatfsReply for fuser::ReplyStatfs {
     }
 }
 
-/// What fuser does not tell of its listings: the kernel's usual request
-/// of one page. A listing cut shorter is still right: the kernel asks for
-/// the rest.
-const FUSER_DIR_ROOM: usize = 4096;
-
 impl DirReply for fuser::ReplyDirectory {
-    fn room(&self) -> usize {
-        FUSER_DIR_ROOM
-    }
     fn add(&mut self, ino: INodeNo, offset: u64, kind: FileType, name: &OsStr) -> bool {
         fuser::ReplyDirectory::add(self, ino, offset, kind, name)
     }
@@ -278,9 +266,6 @@ impl DirReply for fuser::ReplyDirectory {
 }
 
 impl DirPlusReply for fuser::ReplyDirectoryPlus {
-    fn room(&self) -> usize {
-        FUSER_DIR_ROOM
-    }
     fn add(
         &mut self,
         ino: INodeNo,

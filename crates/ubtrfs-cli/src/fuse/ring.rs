@@ -666,9 +666,6 @@ impl Reply for RingDir {
 }
 
 impl DirReply for RingDir {
-    fn room(&self) -> usize {
-        self.limit
-    }
     fn add(&mut self, ino: INodeNo, offset: u64, kind: FileType, name: &OsStr) -> bool {
         let kind = from_fuser::dirent_type(kind);
         !self
@@ -700,9 +697,6 @@ impl Reply for RingDirPlus {
 }
 
 impl DirPlusReply for RingDirPlus {
-    fn room(&self) -> usize {
-        self.dir.limit
-    }
     fn add(
         &mut self,
         ino: INodeNo,

@@ -82,7 +82,12 @@ struct RingServer {
 impl fuse_ring::Handler for RingServer {
     fn handle(&self, entry: RingEntry) {
         let h = entry.header();
-        self.fs.agreed.ring_used.store(true, Ordering::Relaxed);
+        // Read before written: a store on every request would bounce the
+        // line between the CPUs' queues.
+        let used = &self.fs.agreed.ring_used;
+        if !used.load(Ordering::Relaxed) {
+            used.store(true, Ordering::Relaxed);
+        }
         if !self.allowed(h.opcode, h.uid) {
             return entry.error(libc::EACCES);
         }
@@ -96,15 +101,8 @@ impl fuse_ring::Handler for RingServer {
         }
         let slot = Arc::new(Mutex::new(Slot::default()));
         self.serve_named(&entry.request(), RingReply::slot(&slot));
-        let mut s = lock(&slot);
-        match s.answer.take() {
-            Some(answer) => {
-                drop(s);
-                answer.send(entry);
-            }
-            // Answered later, from another thread (a deferred write).
-            None => s.entry = Some(entry),
-        }
+        // Unanswered yet if a deferred write answers from another thread.
+        settle(&slot, |s| s.entry = Some(entry));
     }
 }
 
@@ -148,7 +146,7 @@ impl Decoded {
         Decoded {
             op: h.opcode,
             ino: INodeNo(h.nodeid),
-            caller: Caller::new(h.uid, h.gid, h.pid),
+            caller: caller(&h),
             arg,
         }
     }
@@ -350,7 +348,7 @@ impl RingServer {
         use opcode::*;
         let fs = &self.fs;
         let h = r.header;
-        let (a, ino, req) = (r.arg, INodeNo(h.nodeid), &Caller::new(h.uid, h.gid, h.pid));
+        let (a, ino, req) = (r.arg, INodeNo(h.nodeid), &caller(&h));
         match h.opcode {
             WRITE => {
                 let (Ok(off), Some(data)) = (offset(a.u64(8)), r.payload.get(..a.u32(16) as usize))
@@ -455,6 +453,25 @@ struct Slot {
     answer: Option<Answer>,
 }
 
+/// Puts what just came (the entry or its answer) into `slot`; whichever
+/// completes the pair sends it, outside the lock.
+fn settle(slot: &Mutex<Slot>, put: impl FnOnce(&mut Slot)) {
+    let mut s = lock(slot);
+    put(&mut s);
+    match (s.entry.take(), s.answer.take()) {
+        (Some(entry), Some(answer)) => {
+            drop(s);
+            answer.send(entry);
+        }
+        (entry, answer) => (s.entry, s.answer) = (entry, answer),
+    }
+}
+
+/// Who made a request, from its header.
+fn caller(h: &fuse_ring::abi::InHeader) -> Caller {
+    Caller::new(h.uid, h.gid, h.pid)
+}
+
 enum Target {
     /// The handler borrows nothing of the entry: answer into it at once.
     Direct(RingEntry),
@@ -495,14 +512,7 @@ impl RingReply {
                     Ok(parts) => Answer::Ok(parts.concat()),
                     Err(e) => Answer::Err(e),
                 };
-                let mut s = lock(&slot);
-                match s.entry.take() {
-                    Some(entry) => {
-                        drop(s);
-                        answer.send(entry);
-                    }
-                    None => s.answer = Some(answer),
-                }
+                settle(&slot, |s| s.answer = Some(answer));
             }
             None => {}
         }

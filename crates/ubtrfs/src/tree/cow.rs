@@ -23,27 +23,68 @@ pub type Items = Vec<(Key, Vec<u8>)>;
 /// The leaf an edit changes, as the closure of [`TreeEditor::edit_leaf`]
 /// sees it.
 ///
-/// Changes go into a copy of the block, shifting item data and headers in
-/// place, while they fit; a change that does not fit turns the leaf into a
-/// list of items, which is split into blocks when the edit is done. An
-/// edit that changes nothing writes nothing; one whose closure fails
-/// leaves the tree as it was.
+/// Changes go into the block, shifting item data and headers in place,
+/// while they fit: into a copy of it, unless the running transaction wrote
+/// it already and nothing else holds it. A change that does not fit turns
+/// the leaf into a list of items, which is split into blocks when the edit
+/// is done. An edit that changes nothing writes nothing; one whose closure
+/// fails leaves the tree as it was.
 pub struct Leaf {
     /// The block; `None` once the leaf is decoded into `items`.
     block: Option<Arc<Node>>,
     items: Items,
     max_item: usize,
     changed: bool,
+    /// The block is changed in place, not in a copy: `undo` records how to
+    /// put it back should the closure fail.
+    in_place: bool,
+    undo: Vec<Undo>,
+    /// The block `items` were decoded from, kept for `undo`.
+    decoded_from: Option<Arc<Node>>,
+}
+
+/// The inverse of one change made to a leaf block in place.
+enum Undo {
+    Remove(usize),
+    Insert(usize, Key, Vec<u8>),
+    SetData(usize, Vec<u8>),
 }
 
 impl Leaf {
-    fn new(node: Arc<Node>, max_item: usize) -> Self {
+    fn new(node: Arc<Node>, max_item: usize, in_place: bool) -> Self {
         Leaf {
             block: Some(node),
             items: Vec::new(),
             max_item,
             changed: false,
+            in_place,
+            undo: Vec::new(),
+            decoded_from: None,
         }
+    }
+
+    /// The block as it was before the edit (an in-place edit undone), or
+    /// `None` if nothing changed it in place.
+    fn rolled_back(self) -> Result<Option<Arc<Node>>> {
+        let Some(mut block) = self.block.or(self.decoded_from) else {
+            return Ok(None);
+        };
+        if self.in_place {
+            let b = Arc::make_mut(&mut block);
+            for u in self.undo.into_iter().rev() {
+                match u {
+                    Undo::Remove(pos) => b.leaf_remove(pos)?,
+                    Undo::Insert(pos, key, data) => b.leaf_insert(pos, &key, &data)?,
+                    Undo::SetData(pos, data) => b.leaf_set_data(pos, &data)?,
+                }
+            }
+        }
+        Ok(Some(block))
+    }
+
+    /// The block after the edit, if it is still one (not decoded).
+    fn current_block(&self) -> Option<&Arc<Node>> {
+        self.block.as_ref().or(self.decoded_from.as_ref())
     }
 
     /// Number of items.
@@ -112,7 +153,11 @@ impl Leaf {
         if let Some(b) = &mut self.block
             && b.free_space() >= ITEM_SIZE + data.len()
         {
-            return Arc::make_mut(b).leaf_insert(pos, &key, data);
+            Arc::make_mut(b).leaf_insert(pos, &key, data)?;
+            if self.in_place {
+                self.undo.push(Undo::Remove(pos));
+            }
+            return Ok(());
         }
         self.items().insert(pos, (key, data.to_vec()));
         Ok(())
@@ -126,8 +171,12 @@ impl Leaf {
         self.changed = true;
         match &mut self.block {
             Some(b) => {
+                let key = b.key(pos);
                 let data = b.item(pos).data.to_vec();
                 Arc::make_mut(b).leaf_remove(pos)?;
+                if self.in_place {
+                    self.undo.push(Undo::Insert(pos, key, data.clone()));
+                }
                 Ok(data)
             }
             None => Ok(self.items.remove(pos).1),
@@ -147,7 +196,12 @@ impl Leaf {
         if let Some(b) = &mut self.block
             && b.free_space() + b.item(pos).data.len() >= data.len()
         {
-            return Arc::make_mut(b).leaf_set_data(pos, data);
+            let old = self.in_place.then(|| b.item(pos).data.to_vec());
+            Arc::make_mut(b).leaf_set_data(pos, data)?;
+            if let Some(old) = old {
+                self.undo.push(Undo::SetData(pos, old));
+            }
+            return Ok(());
         }
         self.items()[pos].1 = data.to_vec();
         Ok(())
@@ -155,10 +209,11 @@ impl Leaf {
 
     /// All items, decoded, to change at will (counts as a change).
     pub fn items(&mut self) -> &mut Items {
-        if let Some(b) = self.block.take()
-            && let Body::Leaf(items) = b.body()
-        {
-            self.items = items;
+        if let Some(b) = self.block.take() {
+            if let Body::Leaf(items) = b.body() {
+                self.items = items;
+            }
+            self.decoded_from = Some(b);
         }
         self.changed = true;
         &mut self.items
@@ -359,8 +414,36 @@ impl<'a> TreeEditor<'a> {
         is_root: bool,
     ) -> Result<(Option<Vec<KeyPtr>>, R)> {
         if node.is_leaf() {
-            let mut leaf = Leaf::new(node.clone(), self.max_item_size());
-            let r = f(&mut leaf)?;
+            // A block this transaction wrote is changed in place: out of
+            // the dirty map, the edit holds its only reference (unless a
+            // reader does), and a 16 KiB copy per change is spared.
+            let in_place = self.reusable(&node) && self.reader.drop_dirty(node.header.bytenr);
+            let (mut leaf, kept) = if in_place {
+                (Leaf::new(node, self.max_item_size(), true), None)
+            } else {
+                (
+                    Leaf::new(node.clone(), self.max_item_size(), false),
+                    Some(node),
+                )
+            };
+            let r = match f(&mut leaf) {
+                Ok(r) => r,
+                Err(e) => {
+                    if in_place && let Some(block) = leaf.rolled_back()? {
+                        self.reader.put_dirty(block);
+                    }
+                    return Err(e);
+                }
+            };
+            let node = match (kept, leaf.current_block()) {
+                (Some(node), _) => node,
+                (None, Some(block)) => {
+                    // Back where it was, as the block this edit replaces.
+                    self.reader.put_dirty(block.clone());
+                    block.clone()
+                }
+                (None, None) => return Err(Error::corrupt("leaf edit lost its block")),
+            };
             if !leaf.changed {
                 return Ok((None, r));
             }
@@ -414,6 +497,14 @@ impl<'a> TreeEditor<'a> {
             }
             let n = node.nritems() - 1 + repl.len();
             if n > 0 && n * KEY_PTR_SIZE <= self.capacity() {
+                if self.reusable(&node) && self.reader.drop_dirty(node.header.bytenr) {
+                    // In place, as a leaf this transaction wrote (see above).
+                    let mut new = node;
+                    let changed = Arc::make_mut(&mut new).replace_ptrs(slot, &repl);
+                    self.reader.put_dirty(new.clone());
+                    changed?;
+                    return Ok((Some(vec![self.place(&new, new.clone())?]), r));
+                }
                 let mut new = node.clone();
                 Arc::make_mut(&mut new).replace_ptrs(slot, &repl)?;
                 return Ok((Some(vec![self.place(&node, new)?]), r));
@@ -967,6 +1058,73 @@ mod tests {
             assert_eq!(root.level, 0);
             assert_eq!(blocks.live.len(), 1);
         }
+    }
+
+    #[test]
+    fn blocks_of_the_running_transaction_change_in_place_and_failed_edits_undo() {
+        let r = reader(4096);
+        let mut blocks = Blocks {
+            transid: 1,
+            next: 1 << 20,
+            nodesize: 4096,
+            live: HashSet::new(),
+        };
+        let mut ed = TreeEditor::new(&r, &mut blocks, 5, [0; 16]);
+        let ptrs = ed.write_blocks(None, 0, Body::Leaf(Vec::new())).unwrap();
+        let mut root = RootPtr {
+            bytenr: ptrs[0].blockptr,
+            level: 0,
+            generation: Some(1),
+        };
+        let mut model = BTreeMap::new();
+        for i in 0..5u64 {
+            let k = Key::new(i, 1, 0);
+            ed.insert(&mut root, k, vec![i as u8; 30]).unwrap();
+            model.insert(k, vec![i as u8; 30]);
+        }
+        let block = |root: &RootPtr| {
+            r.read_node(&Expect {
+                bytenr: root.bytenr,
+                generation: root.generation,
+                level: Some(0),
+                first_key: None,
+            })
+            .unwrap()
+        };
+        let before = Arc::as_ptr(&block(&root));
+        ed.put(&mut root, Key::new(9, 1, 0), vec![7; 10]).unwrap();
+        model.insert(Key::new(9, 1, 0), vec![7; 10]);
+        assert_eq!(Arc::as_ptr(&block(&root)), before, "the leaf was copied");
+
+        // Changes in place, then a failure: the leaf is as it was.
+        let failed = ed.edit_leaf(&mut root, &Key::new(2, 1, 0), |leaf| {
+            leaf.insert(3, Key::new(2, 2, 0), &[1; 40])?;
+            leaf.set_data(0, &[5; 90])?;
+            leaf.remove(1)?;
+            leaf.set_data(1, &[])?;
+            Err::<(), _>(Error::Invalid("stop".into()))
+        });
+        assert!(failed.is_err());
+        // The same, with the leaf decoded part way.
+        let failed = ed.edit_leaf(&mut root, &Key::new(2, 1, 0), |leaf| {
+            leaf.remove(4)?;
+            leaf.items().push((Key::new(20, 1, 0), vec![3; 8]));
+            Err::<(), _>(Error::Invalid("stop".into()))
+        });
+        assert!(failed.is_err());
+        assert_eq!(Arc::as_ptr(&block(&root)), before, "the leaf was copied");
+        check_tree(&r, root, &model, &blocks.live);
+
+        // A new transaction copies the block before changing it.
+        blocks.transid += 1;
+        r.commit_done(1);
+        let held = block(&root);
+        let mut ed = TreeEditor::new(&r, &mut blocks, 5, [0; 16]);
+        ed.delete(&mut root, Key::new(0, 1, 0)).unwrap();
+        model.remove(&Key::new(0, 1, 0));
+        assert_ne!(root.bytenr, held.header.bytenr);
+        assert_eq!(held.nritems(), 6, "the committed block changed");
+        check_tree(&r, root, &model, &blocks.live);
     }
 
     #[test]

@@ -159,7 +159,8 @@ impl Filesystem {
             return Ok(Vec::new());
         }
         let tree = self.fs_tree(dir.subvol)?;
-        let mut out = Vec::new();
+        // Sized up front: growing it copies every entry read so far.
+        let mut out = Vec::with_capacity(limit.min(1024));
         let Some(start) = after_index.checked_add(1) else {
             return Ok(out);
         };

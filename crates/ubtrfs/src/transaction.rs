@@ -970,6 +970,15 @@ impl Filesystem {
         let bytes_used = w.blocks.alloc.bytes_used();
         let slot = (w.backup_slot + 1) % 4;
         let backup = self.backup_root(transid, root, chunk, bytes_used)?;
+        // An fsync finishing off the change lock must not write its older
+        // superblocks over these.
+        let mut on_disk = self
+            .supers_on_disk
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // Set first: were a write below to fail, newer superblocks may be
+        // on some device already.
+        *on_disk = transid;
         for (devid, raw) in w.dev_supers.iter_mut() {
             let sb = &mut raw[..];
             // A UUID tree the last commit vouched for stays vouched for (we
@@ -1020,6 +1029,9 @@ impl Filesystem {
             }
             put64(sb, 0x30, SUPER_OFFSETS[0]);
         }
+        drop(on_disk);
+        self.committed
+            .store(transid, std::sync::atomic::Ordering::Release);
         w.backup_slot = slot;
         reader.commit_done(transid);
         w.blocks.alloc.unpin_all();

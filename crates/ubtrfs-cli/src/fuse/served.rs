@@ -41,6 +41,8 @@ pub struct Served {
     /// Files whose data changed since the last commit: their byte counts
     /// settle when the commit writes their data back.
     touched: Mutex<HashSet<u64>>,
+    /// Held by an fsync from start to end (see `fsync`).
+    fsync_turn: Mutex<()>,
 }
 
 impl Served {
@@ -57,6 +59,7 @@ impl Served {
             last: OnceLock::new(),
             notifier: OnceLock::new(),
             touched: Mutex::new(HashSet::new()),
+            fsync_turn: Mutex::new(()),
         }
     }
 
@@ -117,40 +120,91 @@ impl Served {
         f(&self.fs)
     }
 
-    /// Commit the running transaction (`why` is for the log). A read-only
-    /// mount has nothing to commit. A failure is logged, closes the
-    /// filesystem to changes and answers `EIO`.
-    pub fn commit(&self, why: &str) -> Result<(), Errno> {
-        let what = format!("{why} commit");
-        self.make_durable(&what, None, |fs| fs.commit().map(|()| Synced::Committed))
-    }
-
     /// fsync of inode `id` (FUSE inode `ino`): logged when the library
     /// can, else the running transaction is committed. A failure is
-    /// handled as a failed commit.
+    /// handled as a failed commit. Other changes go on while the device
+    /// makes the log durable.
     pub fn fsync(&self, id: InodeId, ino: INodeNo, datasync: bool) -> Result<(), Errno> {
-        self.make_durable("fsync", Some(ino), |fs| {
+        if !self.writable {
+            return Ok(());
+        }
+        // The previous fsync's turn is waited for here, not with every
+        // other change shut out.
+        let _turn = self.fsync_turn.lock().unwrap_or_else(|e| e.into_inner());
+        let alone = self.lock.write().unwrap_or_else(|e| e.into_inner());
+        if self.closed.load(Ordering::Acquire) {
+            return match self.failure() {
+                Some(_) => Err(Errno::EIO),
+                None => Ok(()),
+            };
+        }
+        let started = (|| {
+            let before = self.fs.stat(id).map(|s| s.nbytes).ok();
+            let pending = self.fs.fsync_start(id, datasync)?;
+            let after = self.fs.stat(id).map(|s| s.nbytes).ok();
+            Ok((pending, before == after))
+        })();
+        let (pending, same_size) = match started {
+            Ok(p) => p,
+            Err(ubtrfs::Error::NotFound(_)) => return Err(Errno::ENOENT),
+            Err(e) => return Err(self.failed("fsync", &e)),
+        };
+        // This file's data is written back now; what is written from here
+        // on is not, and stays noted for the next commit.
+        let taken = self.touched().take(&ino.0);
+        drop(alone);
+        let done = pending.wait();
+        let how = match done {
             // The kernel's cached attributes of the file go stale only if
-            // writing its data back changed its byte count (an overwrite
-            // in place does not): else keep them, and spare the next
-            // write a GETATTR and a GETXATTR.
-            let before = fs.stat(id).map(|s| s.nbytes).ok();
-            let how = fs.fsync(id, datasync)?;
-            if how == Synced::Logged && fs.stat(id).map(|s| s.nbytes).ok() == before {
-                return Ok(Synced::Nothing);
+            // writing its data back changed its byte count (an overwrite in
+            // place does not): else keep them, and spare the next write a
+            // GETATTR and a GETXATTR.
+            Ok(Synced::Logged) if same_size => Synced::Nothing,
+            Ok(how) => how,
+            Err(e) => {
+                let _alone = self.lock.write().unwrap_or_else(|e| e.into_inner());
+                return Err(self.failed("fsync", &e));
             }
-            Ok(how)
-        })
+        };
+        tracing::debug!("fsync: {how:?}");
+        let stale: Vec<u64> = match how {
+            Synced::Logged => taken.into_iter().collect(),
+            Synced::Nothing => {
+                self.touched().extend(taken);
+                Vec::new()
+            }
+            Synced::Committed => {
+                let mut t = self.touched();
+                t.extend(taken);
+                std::mem::take(&mut *t).into_iter().collect()
+            }
+        };
+        for ino in stale {
+            self.invalidate_attrs(INodeNo(ino));
+        }
+        Ok(())
     }
 
-    /// Run `op`, which commits or logs `ino`, alone; then drop the
-    /// attributes the kernel caches of the files whose data it wrote back.
-    fn make_durable(
-        &self,
-        why: &str,
-        ino: Option<INodeNo>,
-        op: impl FnOnce(&Filesystem) -> ubtrfs::Result<Synced>,
-    ) -> Result<(), Errno> {
+    fn touched(&self) -> std::sync::MutexGuard<'_, HashSet<u64>> {
+        self.touched.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Log a failed commit or fsync and close the filesystem to changes;
+    /// called under the exclusive lock.
+    fn failed(&self, why: &str, e: &ubtrfs::Error) -> Errno {
+        let msg = error_text(e);
+        tracing::error!(
+            "{why} failed: {msg}; the filesystem takes no more changes, and those since the last commit are lost"
+        );
+        self.fail(msg);
+        Errno::EIO
+    }
+
+    /// Commit the running transaction (`why` is for the log). A read-only
+    /// mount has nothing to commit. A failure is logged, closes the
+    /// filesystem to changes and answers `EIO`. Afterwards the kernel's
+    /// cached attributes of the files whose data went to disk are dropped.
+    pub fn commit(&self, why: &str) -> Result<(), Errno> {
         if !self.writable {
             return Ok(());
         }
@@ -163,35 +217,16 @@ impl Served {
                 None => Ok(()),
             };
         }
-        match op(&self.fs) {
-            Ok(how) => {
-                tracing::debug!("{why}: {how:?}");
-                let touched: Vec<u64> = {
-                    let mut t = self.touched.lock().unwrap_or_else(|e| e.into_inner());
-                    match (how, ino) {
-                        // Only this file's data was written back.
-                        (Synced::Logged, Some(ino)) => t.take(&ino.0).into_iter().collect(),
-                        // Nothing the kernel caches changed.
-                        (Synced::Nothing, Some(_)) => Vec::new(),
-                        _ => std::mem::take(&mut *t).into_iter().collect(),
-                    }
-                };
-                drop(alone);
-                for ino in touched {
-                    self.invalidate_attrs(INodeNo(ino));
-                }
-                Ok(())
-            }
-            Err(ubtrfs::Error::NotFound(_)) if ino.is_some() => Err(Errno::ENOENT),
-            Err(e) => {
-                let msg = error_text(&e);
-                tracing::error!(
-                    "{why} failed: {msg}; the filesystem takes no more changes, and those since the last commit are lost"
-                );
-                self.fail(msg);
-                Err(Errno::EIO)
-            }
+        if let Err(e) = self.fs.commit() {
+            return Err(self.failed(&format!("{why} commit"), &e));
         }
+        tracing::debug!("{why} commit");
+        let touched: Vec<u64> = std::mem::take(&mut *self.touched()).into_iter().collect();
+        drop(alone);
+        for ino in touched {
+            self.invalidate_attrs(INodeNo(ino));
+        }
+        Ok(())
     }
 
     fn failure(&self) -> Option<String> {

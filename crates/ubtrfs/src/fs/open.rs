@@ -61,6 +61,16 @@ pub struct Filesystem {
     pub(crate) compress_jobs: crate::data::compress_jobs::CompressJobs,
     /// When the filesystem was opened (times of synthesized inodes).
     pub(crate) opened_at: crate::format::items::Timespec,
+    /// Held by an fsync from its log's writing until it is durable: one
+    /// log sync at a time.
+    pub(crate) log_sync: std::sync::Mutex<()>,
+    /// Generation of the superblocks on disk; held while any are written.
+    pub(crate) supers_on_disk: std::sync::Mutex<u64>,
+    /// The last transaction committed.
+    pub(crate) committed: std::sync::atomic::AtomicU64,
+    /// The log root the superblocks on disk point at, once an fsync made
+    /// them so, until the next change to the log takes note of it.
+    pub(crate) log_durable: std::sync::Mutex<Option<crate::tree::RootPtr>>,
 }
 
 impl Filesystem {
@@ -143,6 +153,7 @@ impl Filesystem {
             },
         );
         roots.insert(CHUNK_TREE_OBJECTID, chunk_root);
+        let on_disk = sb.generation;
         let mut fs = Filesystem {
             geo,
             trees,
@@ -156,6 +167,10 @@ impl Filesystem {
             in_flight: Default::default(),
             compress_jobs: Default::default(),
             open_inodes: std::sync::Mutex::new(HashMap::new()),
+            log_sync: std::sync::Mutex::new(()),
+            supers_on_disk: std::sync::Mutex::new(on_disk),
+            committed: std::sync::atomic::AtomicU64::new(on_disk),
+            log_durable: std::sync::Mutex::new(None),
         };
         fs.default_subvol = fs.find_default_subvol()?;
         Ok(fs)

@@ -413,17 +413,18 @@ impl LogTree {
         self.inodes.insert(id, inode);
     }
 
-    /// Write the log: its changed blocks, one cache flush per device (which
-    /// also makes the data the log points at durable), then, if the log's
-    /// root moved, each device's superblock as committed but with
-    /// `log_root`, by FUA.
-    pub(crate) fn sync(
+    /// Write the log's changed blocks and make ready the superblocks that
+    /// point at it; [`LogSync::finish`] then makes it durable (one cache
+    /// flush per device, which also makes the data the log points at
+    /// durable, then each device's superblock by FUA if the log's root
+    /// moved) without the change lock, and [`LogTree::synced`] records it.
+    pub(crate) fn sync_start(
         &mut self,
         alloc: &mut Allocator,
-        volume: &Volume,
+        volume: &Arc<Volume>,
         supers: &BTreeMap<u64, Box<[u8; SUPER_SIZE]>>,
         csum_type: CsumType,
-    ) -> Result<()> {
+    ) -> Result<LogSync> {
         if self.changed || self.root_tree.is_none() {
             self.update_root_tree(alloc)?;
         }
@@ -433,37 +434,48 @@ impl LogTree {
             node.seal_into(csum_type, &mut buf);
             volume.write(node.header.bytenr, &buf)?;
         }
-        for (_, dev) in volume.devices.iter() {
-            dev.flush()?;
-        }
+        // Written: a later change copies these blocks, so they stay as the
+        // superblocks about to point at them say.
+        self.reader.commit_done(self.transid);
+        self.changed = false;
         let root = self
             .root_tree
             .ok_or_else(|| Error::corrupt("the log has no root tree"))?;
+        let mut generation = 0;
+        let mut pointing = Vec::new();
         if self.synced_root != Some(root) {
             for (devid, raw) in supers {
                 let mut sb = raw.clone();
                 let s = &mut sb[..];
+                generation = u64::from_le_bytes(s[0x48..0x50].try_into().unwrap_or_default());
                 s[0x60..0x68].copy_from_slice(&root.bytenr.to_le_bytes());
                 s[0x68..0x70].copy_from_slice(&0u64.to_le_bytes());
                 s[0xc8] = root.level;
                 s[0x30..0x38].copy_from_slice(&SUPER_OFFSETS[0].to_le_bytes());
                 let c = csum_type.compute(&s[CSUM_SIZE_MAX..]);
                 s[..CSUM_SIZE_MAX].copy_from_slice(&c);
-                let dev = volume
-                    .devices
-                    .get(*devid)
-                    .ok_or_else(|| Error::Devices(format!("device {devid} vanished")))?;
-                dev.write_fua(SUPER_OFFSETS[0], s)?;
-            }
-            self.synced_root = Some(root);
-            // No durable superblock reaches the blocks this log replaced.
-            for b in std::mem::take(&mut self.retired) {
-                alloc.release(b, self.nodesize)?;
+                pointing.push((*devid, sb));
             }
         }
-        // Written: a later change copies these blocks.
-        self.reader.commit_done(self.transid);
-        self.changed = false;
+        Ok(LogSync {
+            volume: volume.clone(),
+            root,
+            generation,
+            supers: pointing,
+        })
+    }
+
+    /// After [`LogSync::finish`] wrote superblocks pointing at `root`: the
+    /// blocks the log replaced before it are free.
+    pub(crate) fn synced(&mut self, root: RootPtr, alloc: &mut Allocator) -> Result<()> {
+        if self.root_tree != Some(root) || self.synced_root == Some(root) {
+            return Ok(());
+        }
+        self.synced_root = Some(root);
+        // No durable superblock reaches the blocks this log replaced.
+        for b in std::mem::take(&mut self.retired) {
+            alloc.release(b, self.nodesize)?;
+        }
         Ok(())
     }
 
@@ -506,6 +518,54 @@ impl LogTree {
             alloc.pin(b, self.nodesize)?;
         }
         Ok(())
+    }
+}
+
+/// A log written but not yet durable: see [`LogTree::sync_start`].
+pub(crate) struct LogSync {
+    volume: Arc<Volume>,
+    root: RootPtr,
+    /// The generation of the superblocks on disk when the log was
+    /// written, which `supers` repeat.
+    generation: u64,
+    /// Each device's superblock pointing at `root` (none if the ones on
+    /// disk already do).
+    supers: Vec<(u64, Box<[u8; SUPER_SIZE]>)>,
+}
+
+impl LogSync {
+    /// The log's root tree.
+    pub(crate) fn root(&self) -> RootPtr {
+        self.root
+    }
+
+    /// Flush every device, then write the superblocks pointing at the log,
+    /// unless a commit wrote newer ones since (`on_disk` holds the
+    /// generation of the superblocks on disk, and is held while they are
+    /// written). True if the superblocks on disk now point at the log.
+    pub(crate) fn finish(self, on_disk: &std::sync::Mutex<u64>) -> Result<bool> {
+        for (_, dev) in self.volume.devices.iter() {
+            dev.flush()?;
+        }
+        if self.supers.is_empty() {
+            return Ok(true);
+        }
+        let written = on_disk.lock().unwrap_or_else(|e| e.into_inner());
+        // A commit since: its superblocks make all of this durable, and
+        // ours, older, must not replace them.
+        if *written != self.generation {
+            return Ok(false);
+        }
+        for (devid, sb) in &self.supers {
+            let dev = self
+                .volume
+                .devices
+                .get(*devid)
+                .ok_or_else(|| Error::Devices(format!("device {devid} vanished")))?;
+            dev.write_fua(SUPER_OFFSETS[0], &sb[..])?;
+        }
+        drop(written);
+        Ok(true)
     }
 }
 

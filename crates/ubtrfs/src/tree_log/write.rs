@@ -21,7 +21,7 @@
 //! least as much durable as the log would.
 
 use super::dir_log;
-use super::log_tree::{ItemMap, LogTree, LoggedInode};
+use super::log_tree::{ItemMap, LogSync, LogTree, LoggedInode};
 use crate::format::Key;
 use crate::format::consts::*;
 use crate::format::items::{ExtentBody, FileExtentItem, InodeItem, RootItem};
@@ -47,6 +47,58 @@ pub enum Synced {
     Committed,
 }
 
+/// An fsync whose log is written: [`PendingSync::wait`] makes it durable.
+pub struct PendingSync<'a> {
+    fs: &'a Filesystem,
+    state: Pending,
+    /// The turn of this fsync (see [`Filesystem::fsync_start`]).
+    _turn: std::sync::MutexGuard<'a, ()>,
+}
+
+enum Pending {
+    Done(Synced),
+    /// The log to make durable, written in transaction `transid`.
+    Log {
+        sync: LogSync,
+        transid: u64,
+    },
+}
+
+impl PendingSync<'_> {
+    /// Wait until the fsync is durable, holding no lock meanwhile but
+    /// this fsync's turn.
+    pub fn wait(self) -> Result<Synced> {
+        let fs = self.fs;
+        let (sync, transid) = match self.state {
+            Pending::Done(how) => return Ok(how),
+            Pending::Log { sync, transid } => (sync, transid),
+        };
+        let root = sync.root();
+        let finished = sync.finish(&fs.supers_on_disk);
+        match finished {
+            Ok(true) => {
+                // The log takes note at its next change (the change lock may
+                // be busy now, and nothing waits for it).
+                *fs.log_durable.lock().unwrap_or_else(|e| e.into_inner()) = Some(root);
+                return Ok(Synced::Logged);
+            }
+            // A commit since then wrote everything.
+            Ok(false) if fs.committed.load(std::sync::atomic::Ordering::Acquire) >= transid => {
+                return Ok(Synced::Logged);
+            }
+            _ => {}
+        }
+        let mut w = fs.lock_writer()?;
+        match finished {
+            Err(e) if w.log_self_check => Err(e),
+            _ => {
+                fs.commit_locked(&mut w)?;
+                Ok(Synced::Committed)
+            }
+        }
+    }
+}
+
 impl Filesystem {
     /// Make every change to inode `id` durable: its data, size, attributes,
     /// xattrs and names, as `fsync(2)` (or `fdatasync(2)` when `datasync`)
@@ -58,12 +110,45 @@ impl Filesystem {
     /// it is; anything else commits the running transaction. `datasync` makes no difference yet. Fails
     /// if `id` does not exist.
     pub fn fsync(&self, id: InodeId, datasync: bool) -> Result<Synced> {
+        self.fsync_start(id, datasync)?.wait()
+    }
+
+    /// [`Filesystem::fsync`] in two steps. This one writes the inode's
+    /// data and the log under the change lock; [`PendingSync::wait`]
+    /// waits for the device to make them durable, while other changes go
+    /// on. Fsyncs still run one at a time: the next one starts only once
+    /// the pending one is dropped.
+    pub fn fsync_start(&self, id: InodeId, datasync: bool) -> Result<PendingSync<'_>> {
         let _ = datasync;
         // A missing inode is the caller's error, not something to commit for.
         self.stat(id)?;
+        let turn = self.log_sync.lock().unwrap_or_else(|e| e.into_inner());
         let mut w = self.lock_writer()?;
+        let pending = |state, turn| {
+            Ok(PendingSync {
+                fs: self,
+                state,
+                _turn: turn,
+            })
+        };
         if !w.is_dirty() && !self.delalloc().has(id) {
-            return Ok(Synced::Nothing);
+            drop(w);
+            return pending(Pending::Done(Synced::Nothing), turn);
+        }
+        let transid = w.blocks.transid;
+        // What the last fsync made durable: the blocks its log replaced
+        // are free now.
+        let durable = self
+            .log_durable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(root) = durable {
+            let Writer { log, blocks, .. } = &mut *w;
+            // Gone if a commit came in between: it freed the log then.
+            if let Some(log) = log.as_mut() {
+                log.synced(root, &mut blocks.alloc)?;
+            }
         }
         let logged = self.writeback(&mut w, id).and_then(|()| {
             // The log copies the file's checksums and needs its data on disk.
@@ -71,17 +156,21 @@ impl Filesystem {
             if self.may_log(&mut w)? {
                 self.log_inode(&mut w, id)
             } else {
-                Ok(false)
+                Ok(None)
             }
         });
         match logged {
-            Ok(true) => Ok(Synced::Logged),
+            Ok(Some(sync)) => {
+                drop(w);
+                pending(Pending::Log { sync, transid }, turn)
+            }
             Err(e) if w.log_self_check => Err(e),
             // Whatever stopped the log, the commit drops it and makes
             // everything durable; its own failure is the one to report.
-            Ok(false) | Err(_) => {
+            Ok(None) | Err(_) => {
                 self.commit_locked(&mut w)?;
-                Ok(Synced::Committed)
+                drop(w);
+                pending(Pending::Done(Synced::Committed), turn)
             }
         }
     }
@@ -124,11 +213,11 @@ impl Filesystem {
     }
 
     /// Log inode `id` (its dirty data already written back) with the
-    /// names that must come with it, and sync the log. False if the inode
-    /// cannot be logged: the caller commits.
-    fn log_inode(&self, w: &mut Writer, id: InodeId) -> Result<bool> {
+    /// names that must come with it, and write the log. `None` if the
+    /// inode cannot be logged: the caller commits.
+    fn log_inode(&self, w: &mut Writer, id: InodeId) -> Result<Option<LogSync>> {
         let Some(old_root) = self.committed_root(w, id.subvol)? else {
-            return Ok(false);
+            return Ok(None);
         };
         let cur = self.fs_tree(id.subvol)?;
         let old = self.tree_reader().tree(old_root);
@@ -137,7 +226,7 @@ impl Filesystem {
             .map(|it| InodeItem::parse(it.data()))
             .transpose()?
         else {
-            return Ok(false);
+            return Ok(None);
         };
         if w.log.is_none() {
             let log = LogTree::new(
@@ -151,20 +240,20 @@ impl Filesystem {
         let is_dir = match item.mode & libc::S_IFMT {
             libc::S_IFREG => {
                 if !self.log_file_data(w, id, &cur, &old)? {
-                    return Ok(false);
+                    return Ok(None);
                 }
                 false
             }
             libc::S_IFDIR => true,
-            _ => return Ok(false),
+            _ => return Ok(None),
         };
         if !self.log_names(w, id, is_dir)? {
-            return Ok(false);
+            return Ok(None);
         }
         // A block of the log, or data it names, in a chunk added since
         // the commit: the replay could not find it.
         if !w.new_chunks.is_empty() && w.log.as_ref().is_some_and(|l| l.touches(&w.new_chunks)) {
-            return Ok(false);
+            return Ok(None);
         }
         let Writer {
             log,
@@ -176,13 +265,13 @@ impl Filesystem {
             .as_mut()
             .ok_or_else(|| Error::corrupt("the log vanished"))?;
         let reader = self.tree_reader();
-        log.sync(
+        let sync = log.sync_start(
             &mut blocks.alloc,
             reader.volume(),
             dev_supers,
             reader.csum_type(),
         )?;
-        Ok(true)
+        Ok(Some(sync))
     }
 
     /// Log the names inode `id` needs (a directory, `is_dir`: its

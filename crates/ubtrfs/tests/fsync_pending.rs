@@ -1,0 +1,88 @@
+//! An fsync waits for the device without the change lock
+//! ([`Filesystem::fsync_start`], then `wait`): other changes, a commit
+//! among them, go on meanwhile, and the fsync's superblock, older than
+//! that commit's, must then not replace it on disk.
+
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::Duration;
+use ubtrfs::fs::{Filesystem, NewInode};
+use ubtrfs::tree_log::Synced;
+
+const FILE: NewInode = NewInode {
+    mode: libc::S_IFREG | 0o644,
+    uid: 0,
+    gid: 0,
+    rdev: 0,
+};
+
+/// The primary superblock's generation and log root.
+fn superblock(img: &Path) -> (u64, u64) {
+    let raw = std::fs::read(img).unwrap();
+    let sb = &raw[0x10000..0x11000];
+    let le = |o: usize| u64::from_le_bytes(sb[o..o + 8].try_into().unwrap());
+    (le(0x48), le(0x60))
+}
+
+#[test]
+fn a_commit_while_an_fsync_waits_stays_on_disk() {
+    let dir = testkit::TestDir::new("fsync-pending").unwrap();
+    let img = dir.join("disk.img");
+    testkit::mkfs_file(&img, 256 << 20, &[]).unwrap();
+    let fs = Filesystem::open_read_write(&[&img]).unwrap();
+    let root = fs.root();
+    let a = fs.create(root, b"a", FILE).unwrap().id;
+    fs.commit().unwrap();
+    let (committed, _) = superblock(&img);
+    fs.write(a, 0, b"logged by fsync").unwrap();
+
+    let pending = fs.fsync_start(a, false).unwrap();
+    // The log is written, not yet durable: another thread changes and
+    // commits meanwhile, which it could not while the change lock was held.
+    let (tx, rx) = mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let done = (|| {
+                let b = fs.create(root, b"b", FILE)?.id;
+                fs.write(b, 0, b"committed")?;
+                fs.commit()
+            })();
+            let _ = tx.send(done.map_err(|e| e.to_string()));
+        });
+        let done = rx.recv_timeout(Duration::from_secs(60));
+        assert!(
+            matches!(done, Ok(Ok(()))),
+            "a change while the fsync waits: {done:?}"
+        );
+    });
+    let (newer, log_root) = superblock(&img);
+    assert!(newer > committed, "the commit wrote no superblock");
+    assert_eq!(log_root, 0);
+
+    assert_eq!(pending.wait().unwrap(), Synced::Logged);
+    // The fsync's superblock (generation `committed`, with a log root)
+    // must not have replaced the commit's.
+    assert_eq!(
+        superblock(&img),
+        (newer, 0),
+        "an older superblock came back"
+    );
+
+    // Another fsync, with nothing in between, logs as usual.
+    fs.write(a, 0, b"logged twice by fsync").unwrap();
+    assert_eq!(fs.fsync(a, false).unwrap(), Synced::Logged);
+    let (generation, log_root) = superblock(&img);
+    assert_eq!(generation, newer);
+    assert_ne!(log_root, 0, "the second fsync did not point at its log");
+    // A crash now: the log is replayed on open.
+    let crashed = dir.join("crashed.img");
+    std::fs::copy(&img, &crashed).unwrap();
+    drop(fs);
+    let fs = Filesystem::open(&[&crashed]).unwrap();
+    let a = fs.lookup(root, b"a").unwrap().id;
+    let b = fs.lookup(root, b"b").unwrap().id;
+    assert_eq!(fs.read_all(a).unwrap(), b"logged twice by fsync");
+    assert_eq!(fs.read_all(b).unwrap(), b"committed");
+    drop(fs);
+    testkit::btrfs_check_file(&crashed, &[]).unwrap();
+}

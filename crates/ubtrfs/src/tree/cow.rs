@@ -884,6 +884,28 @@ mod tests {
         live: HashSet<u64>,
     }
 
+    impl Blocks {
+        fn new(nodesize: u64) -> Self {
+            Blocks {
+                transid: 1,
+                next: 1 << 20,
+                nodesize,
+                live: HashSet::new(),
+            }
+        }
+    }
+
+    /// A tree of one empty leaf, written by transaction 1.
+    fn empty_tree(r: &TreeReader, blocks: &mut Blocks) -> RootPtr {
+        let mut ed = TreeEditor::new(r, blocks, 5, [0; 16]);
+        let ptrs = ed.write_blocks(None, 0, Body::Leaf(Vec::new())).unwrap();
+        RootPtr {
+            bytenr: ptrs[0].blockptr,
+            level: 0,
+            generation: Some(1),
+        }
+    }
+
     impl BlockSource for Blocks {
         fn transid(&self) -> u64 {
             self.transid
@@ -1063,19 +1085,9 @@ mod tests {
     #[test]
     fn blocks_of_the_running_transaction_change_in_place_and_failed_edits_undo() {
         let r = reader(4096);
-        let mut blocks = Blocks {
-            transid: 1,
-            next: 1 << 20,
-            nodesize: 4096,
-            live: HashSet::new(),
-        };
+        let mut blocks = Blocks::new(4096);
+        let mut root = empty_tree(&r, &mut blocks);
         let mut ed = TreeEditor::new(&r, &mut blocks, 5, [0; 16]);
-        let ptrs = ed.write_blocks(None, 0, Body::Leaf(Vec::new())).unwrap();
-        let mut root = RootPtr {
-            bytenr: ptrs[0].blockptr,
-            level: 0,
-            generation: Some(1),
-        };
         let mut model = BTreeMap::new();
         for i in 0..5u64 {
             let k = Key::new(i, 1, 0);
@@ -1130,19 +1142,9 @@ mod tests {
     #[test]
     fn oversized_item_is_refused() {
         let r = reader(4096);
-        let mut blocks = Blocks {
-            transid: 1,
-            next: 1 << 20,
-            nodesize: 4096,
-            live: HashSet::new(),
-        };
+        let mut blocks = Blocks::new(4096);
+        let mut root = empty_tree(&r, &mut blocks);
         let mut ed = TreeEditor::new(&r, &mut blocks, 5, [0; 16]);
-        let ptrs = ed.write_blocks(None, 0, Body::Leaf(Vec::new())).unwrap();
-        let mut root = RootPtr {
-            bytenr: ptrs[0].blockptr,
-            level: 0,
-            generation: Some(1),
-        };
         assert!(ed.insert(&mut root, Key::MIN, vec![0; 4000]).is_err());
         ed.insert(&mut root, Key::MIN, vec![0; 100]).unwrap();
         assert!(ed.insert(&mut root, Key::MIN, vec![0; 100]).is_err());

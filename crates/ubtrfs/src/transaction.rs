@@ -1029,9 +1029,11 @@ impl Filesystem {
             }
             put64(sb, 0x30, SUPER_OFFSETS[0]);
         }
-        drop(on_disk);
+        // Before the lock goes: an fsync that finds these superblocks must
+        // also find them committed.
         self.committed
             .store(transid, std::sync::atomic::Ordering::Release);
+        drop(on_disk);
         w.backup_slot = slot;
         reader.commit_done(transid);
         w.blocks.alloc.unpin_all();

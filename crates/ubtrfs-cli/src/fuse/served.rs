@@ -153,14 +153,20 @@ impl Served {
         // on is not, and stays noted for the next commit.
         let taken = self.touched().take(&ino.0);
         drop(alone);
-        let done = pending.wait();
+        let done = pending.wait_for_device();
         let how = match done {
             // The kernel's cached attributes of the file go stale only if
             // writing its data back changed its byte count (an overwrite in
             // place does not): else keep them, and spare the next write a
             // GETATTR and a GETXATTR.
-            Ok(Synced::Logged) if same_size => Synced::Nothing,
-            Ok(how) => how,
+            Ok(Some(Synced::Logged)) if same_size => Synced::Nothing,
+            Ok(Some(how)) => how,
+            // The log could not be made durable: a commit does it all,
+            // alone like any other.
+            Ok(None) => {
+                self.touched().extend(taken);
+                return self.commit("fsync");
+            }
             Err(e) => {
                 let _alone = self.lock.write().unwrap_or_else(|e| e.into_inner());
                 return Err(self.failed("fsync", &e));

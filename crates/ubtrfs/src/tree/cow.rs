@@ -63,23 +63,27 @@ impl Leaf {
         }
     }
 
-    /// The block as it was before the edit (an in-place edit undone), or
-    /// `None` if nothing changed it in place.
-    fn rolled_back(self) -> Result<Option<Arc<Node>>> {
+    /// The block as it was before the edit (an in-place edit undone), and
+    /// whether every change was undone. `None` only if it has none.
+    fn rolled_back(self) -> (Option<Arc<Node>>, Result<()>) {
         let Some(mut block) = self.block.or(self.decoded_from) else {
-            return Ok(None);
+            return (None, Ok(()));
         };
+        let mut undone = Ok(());
         if self.in_place {
             let b = Arc::make_mut(&mut block);
             for u in self.undo.into_iter().rev() {
-                match u {
-                    Undo::Remove(pos) => b.leaf_remove(pos)?,
-                    Undo::Insert(pos, key, data) => b.leaf_insert(pos, &key, &data)?,
-                    Undo::SetData(pos, data) => b.leaf_set_data(pos, &data)?,
+                undone = match u {
+                    Undo::Remove(pos) => b.leaf_remove(pos),
+                    Undo::Insert(pos, key, data) => b.leaf_insert(pos, &key, &data),
+                    Undo::SetData(pos, data) => b.leaf_set_data(pos, &data),
+                };
+                if undone.is_err() {
+                    break;
                 }
             }
         }
-        Ok(Some(block))
+        (Some(block), undone)
     }
 
     /// The block after the edit, if it is still one (not decoded).
@@ -426,13 +430,29 @@ impl<'a> TreeEditor<'a> {
                     Some(node),
                 )
             };
-            let r = match f(&mut leaf) {
-                Ok(r) => r,
-                Err(e) => {
-                    if in_place && let Some(block) = leaf.rolled_back()? {
-                        self.reader.put_dirty(block);
+            // Even a closure that panics must not leave the block out of
+            // the dirty map: the tree still points at it.
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut leaf)));
+            let put_back = |leaf: Leaf| {
+                let (block, undone) = leaf.rolled_back();
+                if let Some(block) = block {
+                    self.reader.put_dirty(block);
+                }
+                undone
+            };
+            let r = match r {
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) => {
+                    if in_place {
+                        put_back(leaf)?;
                     }
                     return Err(e);
+                }
+                Err(panic) => {
+                    if in_place {
+                        let _ = put_back(leaf);
+                    }
+                    std::panic::resume_unwind(panic)
                 }
             };
             let node = match (kept, leaf.current_block()) {
@@ -1124,6 +1144,14 @@ mod tests {
             Err::<(), _>(Error::Invalid("stop".into()))
         });
         assert!(failed.is_err());
+        // A closure that panics part way: the block is back, as it was.
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _: Result<()> = ed.edit_leaf(&mut root, &Key::new(2, 1, 0), |leaf| {
+                leaf.remove(0)?;
+                panic!("a closure panicking in the middle of an edit");
+            });
+        }));
+        assert!(panicked.is_err());
         assert_eq!(Arc::as_ptr(&block(&root)), before, "the leaf was copied");
         check_tree(&r, root, &model, &blocks.live);
 

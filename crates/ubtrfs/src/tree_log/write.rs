@@ -66,11 +66,25 @@ enum Pending {
 
 impl PendingSync<'_> {
     /// Wait until the fsync is durable, holding no lock meanwhile but
-    /// this fsync's turn.
+    /// this fsync's turn; commit if the log could not be made durable.
     pub fn wait(self) -> Result<Synced> {
         let fs = self.fs;
+        match self.wait_for_device()? {
+            Some(how) => Ok(how),
+            None => {
+                fs.commit()?;
+                Ok(Synced::Committed)
+            }
+        }
+    }
+
+    /// [`PendingSync::wait`], but `None` where the log could not be made
+    /// durable: the caller commits then ([`Filesystem::commit`]), as it
+    /// commits otherwise (a server shuts out its readers first).
+    pub fn wait_for_device(self) -> Result<Option<Synced>> {
+        let fs = self.fs;
         let (sync, transid) = match self.state {
-            Pending::Done(how) => return Ok(how),
+            Pending::Done(how) => return Ok(Some(how)),
             Pending::Log { sync, transid } => (sync, transid),
         };
         let root = sync.root();
@@ -80,21 +94,18 @@ impl PendingSync<'_> {
                 // The log takes note at its next change (the change lock may
                 // be busy now, and nothing waits for it).
                 *fs.log_durable.lock().unwrap_or_else(|e| e.into_inner()) = Some(root);
-                return Ok(Synced::Logged);
+                Ok(Some(Synced::Logged))
             }
             // A commit since then wrote everything.
             Ok(false) if fs.committed.load(std::sync::atomic::Ordering::Acquire) >= transid => {
-                return Ok(Synced::Logged);
+                Ok(Some(Synced::Logged))
             }
-            _ => {}
-        }
-        let mut w = fs.lock_writer()?;
-        match finished {
-            Err(e) if w.log_self_check => Err(e),
-            _ => {
-                fs.commit_locked(&mut w)?;
-                Ok(Synced::Committed)
-            }
+            // A commit since then failed.
+            Ok(false) => Ok(None),
+            Err(e) if fs.lock_writer()?.log_self_check => Err(e),
+            // Whatever stopped the log, a commit drops it and makes
+            // everything durable; its own failure is the one to report.
+            Err(_) => Ok(None),
         }
     }
 }
@@ -135,7 +146,6 @@ impl Filesystem {
             drop(w);
             return pending(Pending::Done(Synced::Nothing), turn);
         }
-        let transid = w.blocks.transid;
         // What the last fsync made durable: the blocks its log replaced
         // are free now.
         let durable = self
@@ -161,6 +171,9 @@ impl Filesystem {
         });
         match logged {
             Ok(Some(sync)) => {
+                // The log's own transaction (making room for it may have
+                // committed the one running before).
+                let transid = w.blocks.transid;
                 drop(w);
                 pending(Pending::Log { sync, transid }, turn)
             }

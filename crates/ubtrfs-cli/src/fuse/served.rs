@@ -132,11 +132,8 @@ impl Served {
         // other change shut out.
         let _turn = self.fsync_turn.lock().unwrap_or_else(|e| e.into_inner());
         let alone = self.lock.write().unwrap_or_else(|e| e.into_inner());
-        if self.closed.load(Ordering::Acquire) {
-            return match self.failure() {
-                Some(_) => Err(Errno::EIO),
-                None => Ok(()),
-            };
+        if let Some(answer) = self.closed_answer() {
+            return answer;
         }
         let started = (|| {
             let before = self.fs.stat(id).map(|s| s.nbytes).ok();
@@ -191,6 +188,19 @@ impl Served {
         Ok(())
     }
 
+    /// What a commit or fsync answers once the filesystem takes no more
+    /// changes: nothing to do after the last commit, `EIO` after a failed
+    /// one. `None` while it is open.
+    fn closed_answer(&self) -> Option<Result<(), Errno>> {
+        if !self.closed.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(match self.failure() {
+            Some(_) => Err(Errno::EIO),
+            None => Ok(()),
+        })
+    }
+
     fn touched(&self) -> std::sync::MutexGuard<'_, HashSet<u64>> {
         self.touched.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -215,13 +225,8 @@ impl Served {
             return Ok(());
         }
         let alone = self.lock.write().unwrap_or_else(|e| e.into_inner());
-        if self.closed.load(Ordering::Acquire) {
-            // Either everything is committed already (after the last
-            // commit nothing can change), or a commit failed.
-            return match self.failure() {
-                Some(_) => Err(Errno::EIO),
-                None => Ok(()),
-            };
+        if let Some(answer) = self.closed_answer() {
+            return answer;
         }
         if let Err(e) = self.fs.commit() {
             return Err(self.failed(&format!("{why} commit"), &e));

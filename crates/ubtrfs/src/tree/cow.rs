@@ -86,7 +86,7 @@ impl Leaf {
         (Some(block), undone)
     }
 
-    /// The block after the edit, if it is still one (not decoded).
+    /// The block the edit changed, or the one its items were decoded from.
     fn current_block(&self) -> Option<&Arc<Node>> {
         self.block.as_ref().or(self.decoded_from.as_ref())
     }
@@ -521,9 +521,9 @@ impl<'a> TreeEditor<'a> {
                     // In place, as a leaf this transaction wrote (see above).
                     let mut new = node;
                     let changed = Arc::make_mut(&mut new).replace_ptrs(slot, &repl);
-                    self.reader.put_dirty(new.clone());
+                    let ptr = self.put_back(new);
                     changed?;
-                    return Ok((Some(vec![self.place(&new, new.clone())?]), r));
+                    return Ok((Some(vec![ptr]), r));
                 }
                 let mut new = node.clone();
                 Arc::make_mut(&mut new).replace_ptrs(slot, &repl)?;
@@ -561,17 +561,23 @@ impl<'a> TreeEditor<'a> {
             let header = self.header(bytenr, old.level());
             Arc::make_mut(&mut new).set_header(&header);
         }
-        let key = if new.nritems() > 0 {
-            new.key(0)
-        } else {
-            Key::default()
-        };
-        self.reader.put_dirty(new);
-        Ok(KeyPtr {
-            key,
-            blockptr: bytenr,
+        Ok(self.put_back(new))
+    }
+
+    /// Record `node`, whose header says where it goes, as written by the
+    /// running transaction; the pointer its parent needs.
+    fn put_back(&self, node: Arc<Node>) -> KeyPtr {
+        let ptr = KeyPtr {
+            key: if node.nritems() > 0 {
+                node.key(0)
+            } else {
+                Key::default()
+            },
+            blockptr: node.header.bytenr,
             generation: self.blocks.transid(),
-        })
+        };
+        self.reader.put_dirty(node);
+        ptr
     }
 
     /// With which neighbour (the left one of the pair, by slot) the child

@@ -88,14 +88,6 @@ impl UbtrfsMount {
     /// having printed nothing, and the mount must be gone.
     pub fn unmount(self) -> Result<()> {
         let err = self.unmount_verbose()?;
-        // fuser logs a reply the kernel no longer waits for (ENOENT: the
-        // answer to an INTERRUPT that crossed the reply to its request).
-        // Nothing was lost; anything else printed is a failure.
-        let err: String = err
-            .lines()
-            .filter(|l| !l.contains("Failed to send FUSE reply: No such file or directory"))
-            .collect::<Vec<_>>()
-            .join("\n");
         if !err.trim().is_empty() {
             bail!("ubtrfs mount printed on stderr:\n{err}");
         }

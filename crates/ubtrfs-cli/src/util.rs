@@ -35,9 +35,55 @@ pub fn init_logging(verbose: u8) {
         .with_target(verbose >= 2)
         .without_time()
         .finish()
-        .with(targets);
+        .with(targets)
+        .with(LostReplies);
     // A second initialisation (never expected) is harmless: ignore its error.
     let _ = subscriber.try_init();
+}
+
+/// Drops fuser's error about a reply the kernel no longer waits for
+/// (ENOENT): the request was interrupted, or the connection ended at
+/// unmount while it was being answered. Nothing is lost, so a user must not
+/// see an ERROR; any other failure to send a reply still shows.
+struct LostReplies;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for LostReplies {
+    fn event_enabled(
+        &self,
+        event: &tracing::Event<'_>,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        let mut seen = LostReply {
+            from_fuser: event.metadata().target().starts_with("fuser"),
+            lost: false,
+        };
+        event.record(&mut seen);
+        !(seen.from_fuser && seen.lost)
+    }
+}
+
+/// What [`LostReplies`] reads of an event: where it came from (records
+/// forwarded from `log` carry their target in a field) and whether its
+/// message reports an ENOENT reply.
+struct LostReply {
+    from_fuser: bool,
+    lost: bool,
+}
+
+impl tracing::field::Visit for LostReply {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "log.target" && value.starts_with("fuser") {
+            self.from_fuser = true;
+        }
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            let text = format!("{value:?}");
+            let enoent = std::io::Error::from_raw_os_error(libc::ENOENT).to_string();
+            self.lost = text.contains("Failed to send FUSE reply") && text.contains(&enoent);
+        }
+    }
 }
 
 /// An error and its causes on one line, `outer: inner: ...`, leaving out a
@@ -162,6 +208,50 @@ pub fn show(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Arc, Mutex};
+    use tracing_subscriber::layer::SubscriberExt;
+
+    /// Collects what the formatter writes.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn replies_the_kernel_forgot_are_not_reported() {
+        let out = Captured::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .without_time()
+            .finish()
+            .with(LostReplies);
+        tracing::subscriber::with_default(subscriber, || {
+            let enoent = std::io::Error::from_raw_os_error(libc::ENOENT);
+            let einval = std::io::Error::from_raw_os_error(libc::EINVAL);
+            tracing::error!(target: "fuser::reply", "Failed to send FUSE reply: {enoent}");
+            tracing::error!(target: "fuser::reply", "Failed to send FUSE reply: {einval}");
+            tracing::error!("Failed to send FUSE reply: {enoent}");
+            // fuser logs through `log`; the mount forwards those records.
+            let _ = tracing_log::LogTracer::init();
+            log::error!(target: "fuser::reply", "Failed to send FUSE reply: {enoent}");
+            log::error!(target: "fuser::reply", "Failed to send FUSE reply: {einval}");
+        });
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(lines[0].contains("Invalid argument"), "{text}");
+        assert!(lines[1].contains("No such file"), "not fuser's: {text}");
+        assert!(lines[2].contains("Invalid argument"), "{text}");
+    }
 
     #[test]
     fn modes() {

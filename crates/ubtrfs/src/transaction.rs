@@ -19,6 +19,7 @@ use crate::volume::{DeviceSet, scan_device};
 use crate::{Error, Result, csum_tree};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::Path;
+use std::sync::Arc;
 
 /// The transaction's source of tree blocks: the allocator and the
 /// reference changes it owes the extent tree.
@@ -224,7 +225,92 @@ impl TxnBlocks {
         self.refs.change_tree(bytenr, level, held, -1);
         Ok(())
     }
+
+    /// The path a drop the kernel left part done was on: from the root
+    /// down to `drop_level`, each node with the slot of `progress` in it.
+    /// Everything left of that path is dropped already (those blocks may
+    /// be reused); the path's own blocks are still this tree's alone.
+    /// None if the path is not like that, so it is left to the kernel.
+    fn drop_path(
+        &self,
+        reader: &TreeReader,
+        tree_id: u64,
+        root: &crate::format::node::Expect,
+        progress: &Key,
+        drop_level: u8,
+    ) -> Result<Option<DropPath>> {
+        let mut path = Vec::new();
+        let mut node = reader.read_node(root)?;
+        loop {
+            let level = node.header.level;
+            // The kernel's drop stops between the children of a node,
+            // never inside a leaf.
+            if level < drop_level || drop_level == 0 || node.nritems() == 0 {
+                return Ok(None);
+            }
+            let (refs, _) = self.block_info(reader, tree_id, node.header.bytenr, level)?;
+            if refs != 1 {
+                return Ok(None);
+            }
+            let slot = node.slot_le(progress).unwrap_or(0);
+            path.push((node.clone(), slot));
+            if level == drop_level {
+                // The progress key is the key of the next child to drop.
+                return Ok((node.key(slot) == *progress).then_some(path));
+            }
+            let p = node.key_ptr(slot);
+            node = reader.read_node(&crate::format::node::Expect {
+                bytenr: p.blockptr,
+                generation: Some(p.generation),
+                level: Some(level - 1),
+                first_key: Some(p.key),
+            })?;
+        }
+    }
+
+    /// Finish a drop along `path` (from [`TxnBlocks::drop_path`]): in each
+    /// node, the child on the path is finished, the children right of it
+    /// are dropped whole, and then the node itself, held by `held`.
+    fn drop_resumed(
+        &mut self,
+        reader: &TreeReader,
+        tree_id: u64,
+        path: &[(Arc<Node>, usize)],
+        held: BlockRef,
+    ) -> Result<()> {
+        let Some(((node, slot), below)) = path.split_first() else {
+            return Ok(());
+        };
+        let (bytenr, level) = (node.header.bytenr, node.header.level);
+        let (_, flags) = self.block_info(reader, tree_id, bytenr, level)?;
+        let by = if flags & BLOCK_FLAG_FULL_BACKREF != 0 {
+            BlockRef::Parent(bytenr)
+        } else {
+            BlockRef::Root(tree_id)
+        };
+        let mut next = *slot;
+        if !below.is_empty() {
+            self.drop_resumed(reader, tree_id, below, by)?;
+            next += 1;
+        }
+        for s in next..node.nritems() {
+            let p = node.key_ptr(s);
+            let child = crate::format::node::Expect {
+                bytenr: p.blockptr,
+                generation: Some(p.generation),
+                level: Some(level - 1),
+                first_key: Some(p.key),
+            };
+            self.drop_subtree(reader, tree_id, &child, by)?;
+        }
+        self.refs.change_tree(bytenr, level, held, -1);
+        Ok(())
+    }
 }
+
+/// The nodes from a tree's root down to where a drop stopped, each with
+/// the slot of the child the drop was in.
+type DropPath = Vec<(Arc<Node>, usize)>;
 
 /// Who holds the references a block has on its children.
 #[derive(Clone, Copy)]
@@ -682,7 +768,17 @@ impl Filesystem {
     /// Drop subvolume tree `id`, already unlinked: every block it reaches
     /// loses this tree's reference (blocks only it held are freed at
     /// commit, with their data references), and its root item goes.
-    pub(crate) fn drop_subvol_tree(&self, w: &mut Writer, id: u64) -> Result<()> {
+    ///
+    /// `resume` is where a drop the kernel left part done stopped (the root
+    /// item's drop progress key and level): only what lies at or after it
+    /// is dropped. A path to it that is not as the kernel leaves one is
+    /// not touched, and false is returned: the kernel will finish it.
+    pub(crate) fn drop_subvol_tree(
+        &self,
+        w: &mut Writer,
+        id: u64,
+        resume: Option<(Key, u8)>,
+    ) -> Result<bool> {
         let (ptr, _) = self
             .find_root(id)?
             .ok_or_else(|| Error::NotFound(format!("subvolume {id}")))?;
@@ -694,8 +790,18 @@ impl Filesystem {
             first_key: None,
         };
         let reader = self.tree_reader();
-        w.blocks
-            .drop_subtree(reader, id, &root, BlockRef::Root(id))?;
+        match resume {
+            None => w
+                .blocks
+                .drop_subtree(reader, id, &root, BlockRef::Root(id))?,
+            Some((progress, level)) => {
+                let Some(path) = w.blocks.drop_path(reader, id, &root, &progress, level)? else {
+                    return Ok(false);
+                };
+                w.blocks
+                    .drop_resumed(reader, id, &path, BlockRef::Root(id))?;
+            }
+        }
         let key = self
             .root_tree()
             .get_le(&Key::new(id, ROOT_ITEM_KEY, u64::MAX))?
@@ -713,7 +819,7 @@ impl Filesystem {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&id);
-        Ok(())
+        Ok(true)
     }
 
     /// Commit the running transaction, if it changed anything.

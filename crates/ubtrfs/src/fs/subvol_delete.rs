@@ -5,7 +5,8 @@
 //! it reaches loses this tree's reference, blocks it alone held are freed
 //! (their space pinned until the commit), and the ROOT_ITEM goes. v1 does
 //! all of it in one transaction, so a crash leaves either the subvolume or
-//! nothing; no half-dropped root is ever written.
+//! nothing; no half-dropped root is ever written. A drop the kernel left
+//! half done is finished from where it stopped.
 
 use super::dir::name_hash;
 use super::inode::{FileKind, InodeId};
@@ -86,16 +87,18 @@ impl Filesystem {
         if item.received_uuid != [0; 16] {
             self.remove_uuid(&mut w, &item.received_uuid, UUID_KEY_RECEIVED_SUBVOL, id)?;
         }
-        self.drop_subvol_tree(&mut w, id)?;
+        self.drop_subvol_tree(&mut w, id, None)?;
         self.commit_locked(&mut w)
     }
 
     /// Finish the deletions the kernel left to its cleaner: a deleted
     /// subvolume keeps its ROOT_ITEM (refs 0) and an ORPHAN_ITEM for its
-    /// root in the root tree until its tree is dropped. A drop not yet
-    /// started is done here, one commit per subvolume, as the kernel's next
-    /// mount would; a partly dropped tree (drop progress set) is left to
-    /// the kernel. Returns the ids of the subvolumes dropped.
+    /// root in the root tree until its tree is dropped. The drop is done
+    /// here, one commit per subvolume, as the kernel's next mount would:
+    /// whole, or, if the kernel had started it (drop progress set), from
+    /// where it stopped. A partly dropped tree whose path is not as the
+    /// kernel leaves one is left to the kernel. Returns the ids of the
+    /// subvolumes dropped.
     pub(crate) fn finish_dead_subvolumes(&self) -> Result<Vec<u64>> {
         let orphans: Vec<u64> = self
             .root_tree()
@@ -110,12 +113,15 @@ impl Filesystem {
             let Some((_, item)) = self.find_root(id)? else {
                 continue;
             };
-            let untouched = item.drop_progress == Key::new(0, 0, 0) && item.drop_level == 0;
-            if item.refs != 0 || !untouched {
+            if item.refs != 0 {
                 continue;
             }
+            let untouched = item.drop_progress == Key::new(0, 0, 0) && item.drop_level == 0;
+            let resume = (!untouched).then_some((item.drop_progress, item.drop_level));
             let mut w = self.writer_deleting()?;
-            self.drop_subvol_tree(&mut w, id)?;
+            if !self.drop_subvol_tree(&mut w, id, resume)? {
+                continue;
+            }
             self.modify_tree(&mut w, ROOT_TREE_OBJECTID, |ed, root| {
                 ed.delete(root, Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, id))
             })?;

@@ -271,12 +271,15 @@ impl TxnBlocks {
     /// Finish a drop along `path` (from [`TxnBlocks::drop_path`]): in each
     /// node, the child on the path is finished, the children right of it
     /// are dropped whole, and then the node itself, held by `held`.
+    /// `restarted` is true until a child is met that still has this tree's
+    /// reference (call with true).
     fn drop_resumed(
         &mut self,
         reader: &TreeReader,
         tree_id: u64,
         path: &[(Arc<Node>, usize)],
         held: BlockRef,
+        restarted: &mut bool,
     ) -> Result<()> {
         let Some(((node, slot), below)) = path.split_first() else {
             return Ok(());
@@ -290,11 +293,30 @@ impl TxnBlocks {
         };
         let mut next = *slot;
         if !below.is_empty() {
-            self.drop_resumed(reader, tree_id, below, by)?;
+            self.drop_resumed(reader, tree_id, below, by, restarted)?;
             next += 1;
         }
         for s in next..node.nritems() {
             let p = node.key_ptr(s);
+            // The kernel saves its progress only between some steps: the
+            // children right of the key it saved may have lost this tree's
+            // reference already. Those are skipped, up to the first child
+            // that still has it; from there on everything is as saved.
+            if *restarted {
+                let extent = self
+                    .extent_root
+                    .ok_or_else(|| Error::corrupt("no extent tree to drop a subvolume from"))?;
+                if !extent_tree::tree_block_has_ref(
+                    &reader.tree(extent),
+                    p.blockptr,
+                    level - 1,
+                    self.nodesize,
+                    by,
+                )? {
+                    continue;
+                }
+                *restarted = false;
+            }
             let child = crate::format::node::Expect {
                 bytenr: p.blockptr,
                 generation: Some(p.generation),
@@ -547,6 +569,11 @@ impl Filesystem {
                 .collect()
         };
         for subvol in subvols {
+            // A deleted subvolume (no refs) is the drop's: its tree may be
+            // half dropped, with freed blocks left of where the drop stopped.
+            if fs.find_root(subvol)?.is_none_or(|(_, item)| item.refs == 0) {
+                continue;
+            }
             let mut w = fs.writer_deleting()?;
             fs.clean_orphans(&mut w, subvol)?;
         }
@@ -799,7 +826,7 @@ impl Filesystem {
                     return Ok(false);
                 };
                 w.blocks
-                    .drop_resumed(reader, id, &path, BlockRef::Root(id))?;
+                    .drop_resumed(reader, id, &path, BlockRef::Root(id), &mut true)?;
             }
         }
         let key = self

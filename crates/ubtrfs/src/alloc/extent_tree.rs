@@ -278,6 +278,27 @@ pub fn tree_block_info(
         .map(|(_, d)| (le::u64(&d, 0).unwrap_or(0), le::u64(&d, 16).unwrap_or(0))))
 }
 
+/// Whether tree block `bytenr` has the back reference `r` on disk
+/// (inline in its extent item, or keyed).
+pub fn tree_block_has_ref(
+    tree: &Tree<'_>,
+    bytenr: u64,
+    level: u8,
+    nodesize: u64,
+    r: BlockRef,
+) -> Result<bool> {
+    let Some((key, data)) = find_tree_block_item(tree, bytenr, level, nodesize)? else {
+        return Ok(false);
+    };
+    let r = AnyRef::Block(r);
+    if ExtentItem::parse(&data, key.item_type)?.find(r).is_some() {
+        return Ok(true);
+    }
+    Ok(tree
+        .get(&Key::new(bytenr, r.type_byte(), r.seq()))?
+        .is_some())
+}
+
 /// Applies reference changes to one extent's item and its keyed refs.
 struct RefEditor<'e, 'a> {
     ed: &'e mut TreeEditor<'a>,

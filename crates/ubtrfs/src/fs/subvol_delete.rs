@@ -116,7 +116,8 @@ impl Filesystem {
             if item.refs != 0 {
                 continue;
             }
-            let untouched = item.drop_progress == Key::new(0, 0, 0) && item.drop_level == 0;
+            // As in the kernel: a drop has started once its key names an object.
+            let untouched = item.drop_progress.objectid == 0;
             let resume = (!untouched).then_some((item.drop_progress, item.drop_level));
             let mut w = self.writer_deleting()?;
             if !self.drop_subvol_tree(&mut w, id, resume)? {

@@ -325,6 +325,8 @@ profiles! {
     raid10_four_devices: 4, ["-m", "raid10", "-d", "raid10"];
     raid1c3_three_devices: 3, ["-m", "raid1c3", "-d", "raid1c3"];
     raid1c4_four_devices: 4, ["-m", "raid1c4", "-d", "raid1"];
+    raid5_three_devices: 3, ["-m", "raid5", "-d", "raid5"];
+    raid6_four_devices: 4, ["-m", "raid6", "-d", "raid6"];
     no_optional_features: 1, ["-O", "^skinny-metadata,^no-holes,^extref"];
 }
 

@@ -466,12 +466,6 @@ impl Plan {
                 .unwrap_or(if n > 1 { Profile::Raid1 } else { Profile::Dup });
         let data_profile = opts.data_profile.unwrap_or(Profile::Single);
         for (what, p) in [("metadata", meta_profile), ("data", data_profile)] {
-            if matches!(p, Profile::Raid5 | Profile::Raid6) {
-                return Err(Error::Unsupported(format!(
-                    "{what} profile {}: ubtrfs does not write RAID5/6",
-                    p.name()
-                )));
-            }
             let need = min_devices(p);
             if n < need {
                 return Err(Error::Invalid(format!(
@@ -571,6 +565,12 @@ impl Plan {
             .any(|p| matches!(p, Profile::Raid1c3 | Profile::Raid1c4))
         {
             incompat |= INCOMPAT_RAID1C34;
+        }
+        if [meta_profile, data_profile]
+            .iter()
+            .any(|p| matches!(p, Profile::Raid5 | Profile::Raid6))
+        {
+            incompat |= INCOMPAT_RAID56;
         }
         Ok(Plan {
             opts: opts.clone(),
@@ -694,6 +694,8 @@ fn data_stripes(profile: Profile, stripes: usize) -> u64 {
     match profile {
         Profile::Raid0 => stripes as u64,
         Profile::Raid10 => stripes as u64 / 2,
+        Profile::Raid5 => stripes as u64 - 1,
+        Profile::Raid6 => stripes as u64 - 2,
         _ => 1,
     }
 }
@@ -1553,10 +1555,7 @@ impl Plan {
         for c in self.chunks() {
             chunks.insert(c.logical, c.item(&self.devices, self.opts.sectorsize))?;
         }
-        let volume = Volume {
-            devices: set,
-            chunks,
-        };
+        let volume = Volume::new(set, chunks);
         // Wipe: the first MiB (old signatures, old primary superblock) and
         // superblock copies past the end of the filesystem.
         let zeros = vec![0u8; DEV_RESERVED as usize];

@@ -125,7 +125,9 @@ impl Filesystem {
             }
             devs = self.device_space()?;
         };
-        let stripe_size = size / data_stripes;
+        // What plan_stripes took of each device: whole stripe_len units,
+        // so a row of a striped chunk never ends inside a stripe.
+        let stripe_size = (size / data_stripes) / STRIPE_LEN * STRIPE_LEN;
         let logical = self
             .tree_reader()
             .volume()
@@ -247,7 +249,17 @@ fn plan_stripes(
             }
             (1, n, 2, n / 2)
         }
-        Profile::Raid5 | Profile::Raid6 => return None,
+        Profile::Raid5 | Profile::Raid6 => {
+            // Over every device with room, as the kernel spreads them; one
+            // stripe of each row (two in RAID6) holds parity.
+            let parity = if profile == Profile::Raid5 { 1 } else { 2 };
+            let rows = (devs.len() as u64).saturating_sub(parity).max(1);
+            let n = with_room(devs, (size / rows).max(STRIPE_LEN)) as u64;
+            if n <= parity {
+                return None;
+            }
+            (1, n, 1, n - parity)
+        }
     };
     let stripe = (size / data) / STRIPE_LEN * STRIPE_LEN;
     if stripe == 0 || (devs.len() as u64) < ndev {

@@ -114,13 +114,7 @@ impl Filesystem {
         for (key, chunk) in &sb.sys_chunks {
             boot_map.insert(key.offset, chunk.clone())?;
         }
-        let boot = TreeReader::new(
-            Arc::new(Volume {
-                devices: set.clone(),
-                chunks: boot_map,
-            }),
-            &sb,
-        );
+        let boot = TreeReader::new(Arc::new(Volume::new(set.clone(), boot_map)), &sb);
         let chunk_root = RootPtr {
             bytenr: sb.chunk_root,
             level: sb.chunk_root_level,
@@ -138,10 +132,7 @@ impl Filesystem {
             }
         }
         check_devices(&set, &chunks, &dev_items, &mut warnings)?;
-        let volume = Arc::new(Volume {
-            devices: set,
-            chunks,
-        });
+        let volume = Arc::new(Volume::new(set, chunks));
         let trees = TreeReader::new(volume, &sb);
         let mut roots = HashMap::new();
         roots.insert(

@@ -983,13 +983,7 @@ mod tests {
                 },
             )
             .unwrap();
-        TreeReader::new(
-            Arc::new(Volume {
-                devices: set,
-                chunks,
-            }),
-            &sb,
-        )
+        TreeReader::new(Arc::new(Volume::new(set, chunks)), &sb)
     }
 
     use crate::format::CsumType;

@@ -3,13 +3,14 @@
 
 pub mod chunk_map;
 mod devices;
+mod parity;
 
 pub use chunk_map::{ChunkMap, Profile};
 pub use devices::{DeviceSet, scan_device};
 
 use crate::device::Device;
 use crate::{Error, Result};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// The devices of a filesystem plus its chunk map: logical reads.
 pub struct Volume {
@@ -17,9 +18,20 @@ pub struct Volume {
     pub devices: DeviceSet,
     /// Logical to physical mapping.
     pub chunks: ChunkMap,
+    /// Held by a write to a RAID5/6 chunk while it reads and rewrites a row.
+    parity_turn: Mutex<()>,
 }
 
 impl Volume {
+    /// The volume of `devices` mapped by `chunks`.
+    pub fn new(devices: DeviceSet, chunks: ChunkMap) -> Self {
+        Volume {
+            devices,
+            chunks,
+            parity_turn: Mutex::new(()),
+        }
+    }
+
     /// How many copies of the data at `logical` exist (1 unless mirrored).
     pub fn num_copies(&self, logical: u64) -> Result<usize> {
         Ok(self.chunks.lookup(logical)?.num_copies())
@@ -45,15 +57,12 @@ impl Volume {
         Ok(())
     }
 
-    /// Write `buf` at `logical` to every copy. The range must not cross a
-    /// chunk boundary. Parity profiles are not written yet.
+    /// Write `buf` at `logical` to every copy (to its stripe and the
+    /// row's parity, in RAID5/6). The range must not cross a chunk boundary.
     pub fn write(&self, logical: u64, buf: &[u8]) -> Result<()> {
         let chunk = self.chunks.lookup(logical)?;
         if matches!(chunk.profile, Profile::Raid5 | Profile::Raid6) {
-            return Err(Error::Unsupported(format!(
-                "writing to a {} chunk (logical {logical})",
-                chunk.profile.name()
-            )));
+            return self.write_parity(&chunk, logical, buf);
         }
         for mirror in 0..chunk.num_copies() {
             let mut done = 0usize;

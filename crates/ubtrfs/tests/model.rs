@@ -1371,7 +1371,8 @@ fn configs() -> Vec<Config> {
         ..BASE
     });
     // Shorter runs of the rest: the other checksums, 64 KiB nodes,
-    // metadata and data profiles, two devices, and images the library's
+    // metadata and data profiles, two to four devices (RAID5/6 parity
+    // rewritten under every kind of change), and images the library's
     // own mkfs made. (label, csum, nodesize, no-holes, -m, -d, devices,
     // library mkfs, seed)
     let short = ops.div_ceil(4);
@@ -1388,6 +1389,8 @@ fn configs() -> Vec<Config> {
         ("ubtrfs-mkfs-sha256-4k-holes", "sha256", 4096, false, "dup", "single", 1, true, 13),
         ("ubtrfs-mkfs-blake2-64k-raid1-2dev", "blake2", 65536, true, "raid1", "raid1", 2, true, 14),
         ("ubtrfs-mkfs-xxhash-4k-raid0-2dev", "xxhash", 4096, false, "raid1", "raid0", 2, true, 15),
+        ("crc32c-16k-raid5-3dev", "crc32c", 16384, true, "raid5", "raid5", 3, false, 16),
+        ("ubtrfs-mkfs-xxhash-4k-raid6-4dev", "xxhash", 4096, false, "raid6", "raid6", 4, true, 17),
     ];
     let more = table.map(
         |(label, csum, nodesize, no_holes, meta, data, devices, lib_mkfs, s)| Config {

@@ -253,8 +253,8 @@ fn plan_stripes(
             // Over every device with room, as the kernel spreads them; one
             // stripe of each row (two in RAID6) holds parity.
             let parity = if profile == Profile::Raid5 { 1 } else { 2 };
-            let rows = (devs.len() as u64).saturating_sub(parity).max(1);
-            let n = with_room(devs, (size / rows).max(STRIPE_LEN)) as u64;
+            let data = (devs.len() as u64).saturating_sub(parity).max(1);
+            let n = with_room(devs, (size / data).max(STRIPE_LEN)) as u64;
             if n <= parity {
                 return None;
             }

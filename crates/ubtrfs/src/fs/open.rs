@@ -6,7 +6,7 @@ use crate::format::items::{ChunkItem, DevItem, InodeItem, RootItem};
 use crate::format::superblock::Superblock;
 use crate::format::{Key, uuid_string};
 use crate::tree::{RootPtr, Tree, TreeReader};
-use crate::volume::{ChunkMap, DeviceSet, Volume};
+use crate::volume::{ChunkMap, DeviceSet, Profile, Volume};
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::path::Path;
@@ -402,19 +402,36 @@ fn check_devices(
         return Ok(());
     }
     for chunk in chunks.all() {
-        let readable = (0..chunk.num_copies()).any(|mirror| {
-            // A copy is readable if every stripe it uses is present; a
-            // chunk spans at most all its stripes, so test each stripe row.
-            let step = chunk.item.stripe_len.max(1);
-            let rows = chunk.item.stripes.len() as u64 * 2;
-            (0..rows).all(|r| {
-                let pos = chunk.logical + (r * step).min(chunk.item.length - 1);
-                chunk
-                    .map(pos, 1, mirror)
-                    .map(|p| set.get(p.devid).is_some())
-                    .unwrap_or(false)
-            })
-        });
+        let gone = chunk
+            .item
+            .stripes
+            .iter()
+            .filter(|s| set.get(s.devid).is_none())
+            .count();
+        // Parity rebuilds as many lost stripes of a row as it has parities.
+        let parity = match chunk.profile {
+            Profile::Raid5 => Some(1),
+            Profile::Raid6 => Some(2),
+            _ => None,
+        };
+        let readable = parity.map_or_else(
+            || {
+                (0..chunk.num_copies()).any(|mirror| {
+                    // A copy is readable if every stripe it uses is present; a
+                    // chunk spans at most all its stripes, so test each stripe row.
+                    let step = chunk.item.stripe_len.max(1);
+                    let rows = chunk.item.stripes.len() as u64 * 2;
+                    (0..rows).all(|r| {
+                        let pos = chunk.logical + (r * step).min(chunk.item.length - 1);
+                        chunk
+                            .map(pos, 1, mirror)
+                            .map(|p| set.get(p.devid).is_some())
+                            .unwrap_or(false)
+                    })
+                })
+            },
+            |parity| gone <= parity,
+        );
         if !readable {
             let gone: Vec<String> = chunk
                 .item

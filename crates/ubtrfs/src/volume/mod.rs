@@ -32,15 +32,30 @@ impl Volume {
         }
     }
 
-    /// How many copies of the data at `logical` exist (1 unless mirrored).
+    /// How many ways there are to read the data at `logical`: its copies
+    /// (1 unless mirrored), and in RAID5 one more (rebuilt with P), in
+    /// RAID6 two more (rebuilt with P, or with Q), as the kernel counts.
     pub fn num_copies(&self, logical: u64) -> Result<usize> {
-        Ok(self.chunks.lookup(logical)?.num_copies())
+        let chunk = self.chunks.lookup(logical)?;
+        Ok(match chunk.profile {
+            Profile::Raid5 => 2,
+            Profile::Raid6 => 3,
+            _ => chunk.num_copies(),
+        })
     }
 
-    /// Read `buf.len()` bytes at `logical` from copy `mirror` (0-based).
-    /// The range must not cross a chunk boundary.
+    /// Read `buf.len()` bytes at `logical` from copy `mirror` (0-based; see
+    /// [`Volume::num_copies`]). The range must not cross a chunk boundary.
     pub fn read_copy(&self, logical: u64, mirror: usize, buf: &mut [u8]) -> Result<()> {
         let chunk = self.chunks.lookup(logical)?;
+        if mirror > 0 && matches!(chunk.profile, Profile::Raid5 | Profile::Raid6) {
+            if mirror > 1 + usize::from(chunk.profile == Profile::Raid6) {
+                return Err(Error::Invalid(format!(
+                    "copy {mirror} of logical {logical}"
+                )));
+            }
+            return self.read_rebuilt(&chunk, logical, buf, mirror == 2);
+        }
         let mut done = 0usize;
         while done < buf.len() {
             let pos = logical + done as u64;
@@ -100,11 +115,17 @@ impl Volume {
         Ok(())
     }
 
-    /// Whether copy `mirror` of `logical` is on a device that is present.
+    /// Whether copy `mirror` of `logical` is on a device that is present
+    /// (for a RAID5/6 rebuild: whether enough devices are).
     pub fn copy_present(&self, logical: u64, mirror: usize) -> bool {
-        self.chunks
-            .lookup(logical)
-            .and_then(|c| c.map(logical, 1, mirror))
+        let Ok(chunk) = self.chunks.lookup(logical) else {
+            return false;
+        };
+        if mirror > 0 && matches!(chunk.profile, Profile::Raid5 | Profile::Raid6) {
+            return self.can_rebuild(&chunk, mirror);
+        }
+        chunk
+            .map(logical, 1, mirror)
             .map(|p| self.devices.get(p.devid).is_some())
             .unwrap_or(false)
     }

@@ -10,7 +10,7 @@ pub use devices::{DeviceSet, scan_device};
 
 use crate::device::Device;
 use crate::{Error, Result};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// The devices of a filesystem plus its chunk map: logical reads.
 pub struct Volume {
@@ -18,8 +18,9 @@ pub struct Volume {
     pub devices: DeviceSet,
     /// Logical to physical mapping.
     pub chunks: ChunkMap,
-    /// Held by a write to a RAID5/6 chunk while it reads and rewrites a row.
-    parity_turn: Mutex<()>,
+    /// RAID5/6 rows being rewritten: one writer (or rebuilding reader) at
+    /// a time per row.
+    rows: parity::RowLocks,
 }
 
 impl Volume {
@@ -28,7 +29,7 @@ impl Volume {
         Volume {
             devices,
             chunks,
-            parity_turn: Mutex::new(()),
+            rows: parity::RowLocks::default(),
         }
     }
 

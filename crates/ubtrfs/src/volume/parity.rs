@@ -16,7 +16,46 @@ use super::Volume;
 use super::chunk_map::{Chunk, Profile};
 use crate::device::Device;
 use crate::{Error, Result};
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Condvar, Mutex};
+
+/// The rows being read and rewritten, by chunk start and row number: a
+/// row's read-modify-write must not interleave with another of the same
+/// row, while writes to other rows go on.
+#[derive(Default)]
+pub(super) struct RowLocks {
+    busy: Mutex<HashSet<(u64, u64)>>,
+    freed: Condvar,
+}
+
+/// A row held; let go when dropped.
+pub(super) struct RowHeld<'a> {
+    locks: &'a RowLocks,
+    row: (u64, u64),
+}
+
+impl RowLocks {
+    /// Wait until `row` of the chunk at `chunk` is free, and hold it.
+    fn hold(&self, chunk: u64, row: u64) -> RowHeld<'_> {
+        let mut busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+        while busy.contains(&(chunk, row)) {
+            busy = self.freed.wait(busy).unwrap_or_else(|e| e.into_inner());
+        }
+        busy.insert((chunk, row));
+        RowHeld {
+            locks: self,
+            row: (chunk, row),
+        }
+    }
+}
+
+impl Drop for RowHeld<'_> {
+    fn drop(&mut self) {
+        let mut busy = self.locks.busy.lock().unwrap_or_else(|e| e.into_inner());
+        busy.remove(&self.row);
+        self.locks.freed.notify_all();
+    }
+}
 
 /// Multiply every byte of `x` by 2 in GF(2^8) (polynomial 0x11d), eight
 /// bytes at a time.
@@ -146,10 +185,9 @@ pub(crate) fn syndromes(data: &[Vec<u8>], raid6: bool) -> (Vec<u8>, Vec<u8>) {
 
 impl Volume {
     /// Write `buf` at `logical` in RAID5/6 chunk `chunk`, keeping each
-    /// row's parity right. Writes take turns (the read-modify-write of a
-    /// row must not interleave with another of the same row).
+    /// row's parity right. Each row is held while it is read and
+    /// rewritten.
     pub(super) fn write_parity(&self, chunk: &Chunk, logical: u64, buf: &[u8]) -> Result<()> {
-        let _turn = self.parity_turn.lock().unwrap_or_else(|e| e.into_inner());
         let n = chunk.item.stripes.len() as u64;
         let raid6 = chunk.profile == Profile::Raid6;
         let data = n - if raid6 { 2 } else { 1 };
@@ -169,6 +207,7 @@ impl Volume {
         let mut pos = start;
         while pos < end {
             let row = pos / row_len;
+            let _held = self.rows.hold(chunk.logical, row);
             let row_start = row * row_len;
             let (first, last) = (pos - row_start, end.min(row_start + row_len) - row_start);
             // The columns the write changes: part of one stripe, or all.
@@ -243,8 +282,6 @@ impl Volume {
         buf: &mut [u8],
         use_q: bool,
     ) -> Result<()> {
-        // Not in the middle of a write of the same row.
-        let _turn = self.parity_turn.lock().unwrap_or_else(|e| e.into_inner());
         let n = chunk.item.stripes.len() as u64;
         let raid6 = chunk.profile == Profile::Raid6;
         let data = n - if raid6 { 2 } else { 1 };
@@ -255,6 +292,8 @@ impl Volume {
             let off = start + done as u64;
             let nr = off / sl;
             let (row, target) = (nr / data, (nr % data) as usize);
+            // Not in the middle of a write of the same row.
+            let _held = self.rows.hold(chunk.logical, row);
             let c0 = off % sl;
             let width = ((sl - c0) as usize).min(buf.len() - done);
             // Every stripe of the row, at these columns; None: device missing.
@@ -548,6 +587,90 @@ mod random_tests {
                 );
             }
         }
+    }
+
+    /// Four threads write the stripes of the same rows at once, round
+    /// after round: each row's read-modify-write must see the others'
+    /// finished writes, or parity goes stale. Parity is checked after every
+    /// round.
+    #[test]
+    fn concurrent_writes_to_shared_rows_keep_parity() {
+        let (n, sl, rows) = (4usize, STRIPE_LEN, 4u64);
+        let data = n as u64 - 1;
+        let mems: Vec<Arc<MemDevice>> = (0..n)
+            .map(|i| {
+                Arc::new(MemDevice::new(
+                    format!("d{i}"),
+                    vec![0u8; (rows * sl) as usize],
+                ))
+            })
+            .collect();
+        let base = 1u64 << 30;
+        let chunks = ChunkMap::default();
+        chunks
+            .insert(
+                base,
+                ChunkItem {
+                    length: rows * data * sl,
+                    owner: 2,
+                    stripe_len: sl,
+                    chunk_type: BLOCK_GROUP_DATA | BLOCK_GROUP_RAID5,
+                    io_align: 65536,
+                    io_width: 65536,
+                    sector_size: 4096,
+                    sub_stripes: 1,
+                    stripes: (0..n)
+                        .map(|i| Stripe {
+                            devid: i as u64 + 1,
+                            offset: 0,
+                            dev_uuid: [0; 16],
+                        })
+                        .collect(),
+                },
+            )
+            .unwrap();
+        let devs = mems
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (i as u64 + 1, m.clone() as Arc<dyn Device>))
+            .collect();
+        let vol = Volume::new(DeviceSet::with_superblock(devs, superblock()), chunks);
+        let parity_right = || {
+            let disks: Vec<Vec<u8>> = mems.iter().map(|m| m.snapshot()).collect();
+            (0..rows).all(|r| {
+                (0..sl).step_by(256).all(|col| {
+                    let p = (0..data).fold(0u8, |p, i| {
+                        p ^ disks[((i + r) % n as u64) as usize][(r * sl + col) as usize]
+                    });
+                    disks[((data + r) % n as u64) as usize][(r * sl + col) as usize] == p
+                })
+            })
+        };
+        let per_stripe = sl / 4096;
+        let sectors = rows * data * per_stripe;
+        let together = std::sync::Barrier::new(4);
+        let stale = std::sync::atomic::AtomicU32::new(0);
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                let (vol, together, stale, parity_right) = (&vol, &together, &stale, &parity_right);
+                s.spawn(move || {
+                    for round in 0..=255u8 {
+                        together.wait();
+                        // Thread t owns every 4th stripe: the same columns of
+                        // a row belong to different threads.
+                        for k in (0..sectors).filter(|k| (k / per_stripe) % 4 == t) {
+                            let fill = ((t as u8 + 1) * 16).wrapping_add(round);
+                            vol.write(base + k * 4096, &[fill; 4096]).unwrap();
+                        }
+                        together.wait();
+                        if t == 0 && !parity_right() {
+                            stale.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(stale.into_inner(), 0, "rounds that left parity stale");
     }
 
     #[test]

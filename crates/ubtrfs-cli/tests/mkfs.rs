@@ -610,3 +610,47 @@ fn library_makes_readable_filesystem() {
     let id = fs.resolve_path(b"/f").unwrap();
     assert_eq!(fs.read_all(id).unwrap(), b"data");
 }
+
+/// The trees of a new RAID5/RAID6 filesystem carry right parity: the
+/// kernel mounts it (read-only, degraded) and lists it without any one
+/// device (RAID5) or any two (RAID6), which only parity can make up for.
+#[test]
+fn raid56_parity_of_a_new_filesystem_rebuilds() {
+    require_privileged!();
+    for (profile, ndev, lose) in [("raid5", 3usize, 1usize), ("raid6", 4, 2)] {
+        let t = TestDir::new(&format!("mkfs-{profile}-degraded")).unwrap();
+        let imgs = images(&t, ndev);
+        mkfs(&["-b", IMAGE_SIZE, "-m", profile, "-d", profile], &imgs);
+        let losses: Vec<Vec<usize>> = if lose == 1 {
+            (0..ndev).map(|a| vec![a]).collect()
+        } else {
+            (0..ndev)
+                .flat_map(|a| (a + 1..ndev).map(move |b| vec![a, b]))
+                .collect()
+        };
+        for gone in losses {
+            let present: Vec<PathBuf> = (0..ndev)
+                .filter(|i| !gone.contains(i))
+                .map(|i| imgs[i].clone())
+                .collect();
+            let m = Mount::new(&present, &t.join("mnt"), "ro,degraded")
+                .unwrap_or_else(|e| panic!("{profile} without devices {gone:?}: {e:#}"));
+            assert_eq!(
+                std::fs::read_dir(m.path()).unwrap().count(),
+                0,
+                "{profile}: a new filesystem is empty"
+            );
+            let out = Command::new("btrfs")
+                .args(["filesystem", "df"])
+                .arg(m.path())
+                .output()
+                .unwrap();
+            let df = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                df.to_lowercase().contains(profile),
+                "{profile} without devices {gone:?}: {df}"
+            );
+            m.unmount().unwrap();
+        }
+    }
+}

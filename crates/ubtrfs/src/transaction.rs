@@ -153,12 +153,7 @@ impl TxnBlocks {
         }
         if let Body::Internal(ptrs) = node.body() {
             for p in ptrs {
-                let child = reader.read_node(&crate::format::node::Expect {
-                    bytenr: p.blockptr,
-                    generation: Some(p.generation),
-                    level: Some(level - 1),
-                    first_key: Some(p.key),
-                })?;
+                let child = reader.read_node(&p.expect(level))?;
                 if child.header.owner != tree_id {
                     continue;
                 }
@@ -211,12 +206,7 @@ impl TxnBlocks {
                     Holder::Root(r) => BlockRef::Root(r),
                 };
                 for p in ptrs {
-                    let child = crate::format::node::Expect {
-                        bytenr: p.blockptr,
-                        generation: Some(p.generation),
-                        level: Some(level - 1),
-                        first_key: Some(p.key),
-                    };
+                    let child = p.expect(level);
                     self.drop_subtree(reader, tree_id, &child, by)?;
                 }
             }
@@ -259,12 +249,7 @@ impl TxnBlocks {
                 return Ok((node.key(slot) == *progress).then_some(path));
             }
             let p = node.key_ptr(slot);
-            node = reader.read_node(&crate::format::node::Expect {
-                bytenr: p.blockptr,
-                generation: Some(p.generation),
-                level: Some(level - 1),
-                first_key: Some(p.key),
-            })?;
+            node = reader.read_node(&p.expect(level))?;
         }
     }
 
@@ -317,12 +302,7 @@ impl TxnBlocks {
                 }
                 *restarted = false;
             }
-            let child = crate::format::node::Expect {
-                bytenr: p.blockptr,
-                generation: Some(p.generation),
-                level: Some(level - 1),
-                first_key: Some(p.key),
-            };
+            let child = p.expect(level);
             self.drop_subtree(reader, tree_id, &child, by)?;
         }
         self.refs.change_tree(bytenr, level, held, -1);

@@ -309,6 +309,25 @@ fn make_dead(m: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The oracle of a deletion the kernel left: a copy of `img` on which the
+/// kernel finishes it itself (`btrfs subvolume sync`), and the content of
+/// `survivor` (a subvolume that must not change) as the kernel shows it.
+fn kernel_finishes_on_a_copy(
+    t: &TestDir,
+    img: &Path,
+    survivor: &str,
+) -> (PathBuf, BTreeMap<PathBuf, Option<Vec<u8>>>) {
+    let copy = t.join("kernel-cleaned.img");
+    std::fs::copy(img, &copy).unwrap();
+    let m = Mount::single(&copy, &t.join("mnt"), "subvolid=5").unwrap();
+    run(Command::new("btrfs")
+        .args(["subvolume", "sync"])
+        .arg(m.path()));
+    let want = tree(&m.path().join(survivor));
+    m.unmount().unwrap();
+    (copy, want)
+}
+
 /// A snapshot the kernel deleted just before unmounting keeps its root
 /// item (refs 0) and an ORPHAN_ITEM: the kernel's cleaner had not dropped
 /// it yet. A read-write open drops it as the kernel's next mount would:
@@ -358,15 +377,8 @@ fn a_deletion_the_kernel_left_is_finished_at_open() {
         );
     }
     // The kernel finishing the drop itself, on a copy: the oracle.
-    let copy = t.join("kernel-cleaned.img");
-    std::fs::copy(&img, &copy).unwrap();
+    let (copy, want) = kernel_finishes_on_a_copy(&t, &img, "sv");
     let mnt = t.join("mnt");
-    let m = Mount::single(&copy, &mnt, "subvolid=5").unwrap();
-    run(Command::new("btrfs")
-        .args(["subvolume", "sync"])
-        .arg(m.path()));
-    let want = tree(&m.path().join("sv"));
-    m.unmount().unwrap();
     assert_eq!(orphan(&copy), None, "the kernel left its orphan item");
 
     let fs = Filesystem::open_read_write(&[&img]).unwrap();
@@ -472,15 +484,8 @@ fn a_drop_the_kernel_left_half_done_is_finished_at_open() {
     let img = img.path().to_path_buf();
 
     // The kernel finishing the drop itself, on a copy: the oracle.
-    let copy = t.join("kernel-cleaned.img");
-    std::fs::copy(&img, &copy).unwrap();
+    let (copy, want) = kernel_finishes_on_a_copy(&t, &img, "keep");
     let mnt = t.join("mnt");
-    let m = Mount::single(&copy, &mnt, "subvolid=5").unwrap();
-    run(Command::new("btrfs")
-        .args(["subvolume", "sync"])
-        .arg(m.path()));
-    let want = tree(&m.path().join("keep"));
-    m.unmount().unwrap();
     assert!(progress(&copy).is_none(), "the kernel left the dead root");
 
     let before = used(&img);

@@ -86,6 +86,19 @@ pub struct KeyPtr {
     pub generation: u64,
 }
 
+impl KeyPtr {
+    /// What the child this pointer leads to must be, in a node at
+    /// `parent_level`.
+    pub fn expect(&self, parent_level: u8) -> Expect {
+        Expect {
+            bytenr: self.blockptr,
+            generation: Some(self.generation),
+            level: Some(parent_level.wrapping_sub(1)),
+            first_key: Some(self.key),
+        }
+    }
+}
+
 impl Node {
     /// Verify `data` as the block `expect` describes and build the node.
     /// `super_generation` bounds the block's generation.

@@ -364,7 +364,7 @@ mod tests {
     use super::*;
 
     /// GF(2^8) product, bit by bit: the reference for the lane version.
-    fn gf_mul(mut a: u8, mut b: u8) -> u8 {
+    pub(super) fn gf_mul(mut a: u8, mut b: u8) -> u8 {
         let mut r = 0u8;
         while b != 0 {
             if b & 1 != 0 {
@@ -418,6 +418,7 @@ mod tests {
 /// start full of random bytes, with stripes at different offsets.
 #[cfg(test)]
 mod random_tests {
+    use super::tests::gf_mul;
     use super::*;
     use crate::device::MemDevice;
     use crate::format::CsumType;
@@ -425,22 +426,6 @@ mod random_tests {
     use crate::format::items::{ChunkItem, Stripe};
     use crate::format::superblock::Superblock;
     use crate::volume::{ChunkMap, DeviceSet};
-
-    fn gf_mul(mut a: u8, mut b: u8) -> u8 {
-        let mut r = 0u8;
-        while b != 0 {
-            if b & 1 != 0 {
-                r ^= a;
-            }
-            let carry = a & 0x80 != 0;
-            a <<= 1;
-            if carry {
-                a ^= 0x1d;
-            }
-            b >>= 1;
-        }
-        r
-    }
 
     fn superblock() -> Superblock {
         let mut raw = vec![0u8; 4096];
@@ -452,6 +437,50 @@ mod random_tests {
         let c = CsumType::Crc32c.compute(&raw[32..]);
         raw[..32].copy_from_slice(&c);
         Superblock::parse(&raw, 0x10000).unwrap()
+    }
+
+    /// A RAID5 (or RAID6) data chunk of `rows` rows over devices 1..=n,
+    /// its stripes at `offs`.
+    fn chunk_item(raid6: bool, rows: u64, offs: &[u64]) -> ChunkItem {
+        let n = offs.len() as u64;
+        let data = n - if raid6 { 2 } else { 1 };
+        let flag = if raid6 {
+            BLOCK_GROUP_RAID6
+        } else {
+            BLOCK_GROUP_RAID5
+        };
+        ChunkItem {
+            length: rows * data * STRIPE_LEN,
+            owner: 2,
+            stripe_len: STRIPE_LEN,
+            chunk_type: BLOCK_GROUP_DATA | flag,
+            io_align: 65536,
+            io_width: 65536,
+            sector_size: 4096,
+            sub_stripes: 1,
+            stripes: offs
+                .iter()
+                .enumerate()
+                .map(|(i, &offset)| Stripe {
+                    devid: i as u64 + 1,
+                    offset,
+                    dev_uuid: [0; 16],
+                })
+                .collect(),
+        }
+    }
+
+    /// The volume of `mems` but those in `gone`, with `item` at `base`.
+    fn volume(mems: &[Arc<MemDevice>], gone: &[usize], base: u64, item: &ChunkItem) -> Volume {
+        let devs = mems
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !gone.contains(i))
+            .map(|(i, m)| (i as u64 + 1, m.clone() as Arc<dyn Device>))
+            .collect();
+        let chunks = ChunkMap::default();
+        chunks.insert(base, item.clone()).unwrap();
+        Volume::new(DeviceSet::with_superblock(devs, superblock()), chunks)
     }
 
     fn run(n: usize, raid6: bool, rows: u64, seed: u64) {
@@ -473,40 +502,8 @@ mod random_tests {
             })
             .collect();
         let base = 1u64 << 30;
-        let flag = if raid6 {
-            BLOCK_GROUP_RAID6
-        } else {
-            BLOCK_GROUP_RAID5
-        };
-        let item = ChunkItem {
-            length: rows * data * sl,
-            owner: 2,
-            stripe_len: sl,
-            chunk_type: BLOCK_GROUP_DATA | flag,
-            io_align: 65536,
-            io_width: 65536,
-            sector_size: 4096,
-            sub_stripes: 1,
-            stripes: (0..n)
-                .map(|i| Stripe {
-                    devid: i as u64 + 10,
-                    offset: offs[i],
-                    dev_uuid: [0; 16],
-                })
-                .collect(),
-        };
-        // The volume of the devices present (`gone` left out).
-        let volume = |gone: &[usize]| {
-            let devs = mems
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| !gone.contains(i))
-                .map(|(i, m)| (i as u64 + 10, m.clone() as Arc<dyn Device>))
-                .collect();
-            let chunks = ChunkMap::default();
-            chunks.insert(base, item.clone()).unwrap();
-            Volume::new(DeviceSet::with_superblock(devs, superblock()), chunks)
-        };
+        let item = chunk_item(raid6, rows, &offs);
+        let volume = |gone: &[usize]| volume(&mems, gone, base, &item);
         let vol = volume(&[]);
         let total = rows * data * sl;
         let mut model = vec![0u8; total as usize];
@@ -606,35 +603,7 @@ mod random_tests {
             })
             .collect();
         let base = 1u64 << 30;
-        let chunks = ChunkMap::default();
-        chunks
-            .insert(
-                base,
-                ChunkItem {
-                    length: rows * data * sl,
-                    owner: 2,
-                    stripe_len: sl,
-                    chunk_type: BLOCK_GROUP_DATA | BLOCK_GROUP_RAID5,
-                    io_align: 65536,
-                    io_width: 65536,
-                    sector_size: 4096,
-                    sub_stripes: 1,
-                    stripes: (0..n)
-                        .map(|i| Stripe {
-                            devid: i as u64 + 1,
-                            offset: 0,
-                            dev_uuid: [0; 16],
-                        })
-                        .collect(),
-                },
-            )
-            .unwrap();
-        let devs = mems
-            .iter()
-            .enumerate()
-            .map(|(i, m)| (i as u64 + 1, m.clone() as Arc<dyn Device>))
-            .collect();
-        let vol = Volume::new(DeviceSet::with_superblock(devs, superblock()), chunks);
+        let vol = volume(&mems, &[], base, &chunk_item(false, rows, &[0; 4]));
         let parity_right = || {
             let disks: Vec<Vec<u8>> = mems.iter().map(|m| m.snapshot()).collect();
             (0..rows).all(|r| {

@@ -1414,13 +1414,14 @@ impl FuseFs {
         match self.served.write(|fs| {
             // A special file may be open without FUSE ever seeing an open:
             // its last name going keeps it until the kernel forgets it.
+            // The entry's kind is in the directory item: only a special
+            // file's inode is read.
             let special = fs.lookup(dir, name.as_bytes()).ok().and_then(|e| {
-                let st = fs.stat(e.id).ok()?;
                 let special = matches!(
-                    st.kind,
+                    e.kind,
                     FileKind::Fifo | FileKind::Socket | FileKind::CharDev | FileKind::BlockDev
                 );
-                (special && st.nlink == 1).then_some(e.id)
+                (special && fs.stat(e.id).ok()?.nlink == 1).then_some(e.id)
             });
             if let Some(id) = special {
                 fs.hold_inode(id);

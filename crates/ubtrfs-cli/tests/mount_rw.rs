@@ -1272,11 +1272,17 @@ fn fsync_durable_after_sigkill() {
     assert_eq!(fs::read(kernel.path().join("mapped")).unwrap(), mapped);
 }
 
+/// Held for writing by a test that empties the kernel's dentry and inode
+/// caches (for every mount on the machine), for reading by a test that
+/// counts the requests a cached listing saves: tests run in parallel.
+static KERNEL_CACHES: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
 /// `ls -l` of a directory not cached yet: one READDIRPLUS brings names and
 /// attributes, so no lookup or getattr per entry.
 #[test]
 fn readdirplus_lists_without_lookups() {
     require_privileged!();
+    let _caches = KERNEL_CACHES.read().unwrap_or_else(|e| e.into_inner());
     let t = TestDir::new("mount-rw-rdplus").unwrap();
     let img = new_image(&t);
     let m = RwMount::start(&img, &t.join("fuse"), &NO_TIMER);
@@ -2134,6 +2140,7 @@ fn requests_come_over_io_uring_when_the_kernel_offers_it() {
 #[test]
 fn large_directories_list_every_name_once() {
     require_privileged!();
+    let _caches = KERNEL_CACHES.write().unwrap_or_else(|e| e.into_inner());
     for args in [&[][..], &["-o", "nouring"][..]] {
         list_a_large_directory(args);
     }

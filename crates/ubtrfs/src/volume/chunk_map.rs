@@ -103,6 +103,11 @@ impl Chunk {
         {
             return Err(bad("bad stripe length"));
         }
+        // RAID6's Q weighs data stripe i by 2^i in GF(2^8): beyond 255
+        // data stripes two would share a weight and could not be told apart.
+        if profile == Profile::Raid6 && n > 257 {
+            return Err(bad("more than 255 data stripes"));
+        }
         if profile == Profile::Raid10
             && (item.sub_stripes < 2 || !n.is_multiple_of(item.sub_stripes as usize))
         {

@@ -47,9 +47,19 @@ impl Volume {
 
     /// Read `buf.len()` bytes at `logical` from copy `mirror` (0-based; see
     /// [`Volume::num_copies`]). The range must not cross a chunk boundary.
+    /// Copy 0 of RAID5/6 rebuilds only the stripes whose device is missing
+    /// or fails the read.
     pub fn read_copy(&self, logical: u64, mirror: usize, buf: &mut [u8]) -> Result<()> {
         let chunk = self.chunks.lookup(logical)?;
-        if mirror > 0 && matches!(chunk.profile, Profile::Raid5 | Profile::Raid6) {
+        let parity = matches!(chunk.profile, Profile::Raid5 | Profile::Raid6);
+        if parity
+            && logical
+                .checked_add(buf.len() as u64)
+                .is_none_or(|e| e > chunk.end())
+        {
+            return Err(Error::Unmapped(chunk.end()));
+        }
+        if parity && mirror > 0 {
             if mirror > 1 + usize::from(chunk.profile == Profile::Raid6) {
                 return Err(Error::Invalid(format!(
                     "copy {mirror} of logical {logical}"
@@ -61,13 +71,27 @@ impl Volume {
         while done < buf.len() {
             let pos = logical + done as u64;
             let piece = chunk.map(pos, buf.len() - done, mirror)?;
+            let part = &mut buf[done..done + piece.len];
+            if parity {
+                // Read directly where the device is there and answers; only
+                // what is not is rebuilt from the rest of its row.
+                let direct = self
+                    .devices
+                    .get(piece.devid)
+                    .map(|dev| dev.read_at(piece.physical, part));
+                if !matches!(direct, Some(Ok(()))) {
+                    self.read_rebuilt(&chunk, pos, part, false)?;
+                }
+                done += piece.len;
+                continue;
+            }
             let dev: &Arc<dyn Device> = self.devices.get(piece.devid).ok_or_else(|| {
                 Error::Devices(format!(
                     "device {} holding logical {pos} is missing",
                     piece.devid
                 ))
             })?;
-            dev.read_at(piece.physical, &mut buf[done..done + piece.len])?;
+            dev.read_at(piece.physical, part)?;
             done += piece.len;
         }
         Ok(())

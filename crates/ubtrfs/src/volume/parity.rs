@@ -297,14 +297,14 @@ impl Volume {
             let c0 = off % sl;
             let width = ((sl - c0) as usize).min(buf.len() - done);
             // Every stripe of the row, at these columns; None: device missing.
-            let read = |idx: u64| -> Result<Option<Vec<u8>>> {
+            // A stripe of the row at these columns; None: its device is
+            // missing or fails the read (it then counts as lost).
+            let read = |idx: u64| -> Option<Vec<u8>> {
                 let s = &chunk.item.stripes[((idx + row) % n) as usize];
-                let Some(dev) = self.devices.get(s.devid) else {
-                    return Ok(None);
-                };
+                let dev = self.devices.get(s.devid)?;
                 let mut col = vec![0u8; width];
-                dev.read_at(s.offset + row * sl + c0, &mut col)?;
-                Ok(Some(col))
+                dev.read_at(s.offset + row * sl + c0, &mut col).ok()?;
+                Some(col)
             };
             let mut columns = Vec::with_capacity(data as usize);
             let mut lost = vec![target];
@@ -313,7 +313,7 @@ impl Volume {
                     columns.push(vec![0u8; width]);
                     continue;
                 }
-                match read(i)? {
+                match read(i) {
                     Some(col) => columns.push(col),
                     None => {
                         lost.push(i as usize);
@@ -322,15 +322,18 @@ impl Volume {
                 }
             }
             lost.sort_unstable();
-            let p = if use_q { None } else { read(data)? };
-            let q = if raid6 { read(data + 1)? } else { None };
+            let p = if use_q { None } else { read(data) };
             // With P at hand, Q is needed only for a second lost stripe.
-            let q = q.filter(|_| p.is_none() || lost.len() > 1);
+            let q = if raid6 && (p.is_none() || lost.len() > 1) {
+                read(data + 1)
+            } else {
+                None
+            };
             match rebuild(&mut columns, &lost, p.as_deref(), q.as_deref()) {
                 Ok(()) => buf[done..done + width].copy_from_slice(&columns[target]),
                 // Too much of the row is gone to rebuild this stripe, but it
                 // is there itself (the piece lost is another's, or parity).
-                Err(e) => match read(target as u64)? {
+                Err(e) => match read(target as u64) {
                     Some(col) => buf[done..done + width].copy_from_slice(&col),
                     None => return Err(e),
                 },
@@ -583,6 +586,30 @@ mod random_tests {
                     "copy {mirror} with devices {gone:?} gone"
                 );
             }
+        }
+        // No copy reads past the chunk's end.
+        for mirror in 0..=usize::from(raid6) + 1 {
+            let mut two = vec![0u8; 8192];
+            assert!(
+                vol.read_copy(base + total - 4096, mirror, &mut two)
+                    .is_err()
+            );
+        }
+        // With device 0 gone and row 0's P garbage, copy 0 still reads the
+        // stripes that are there directly (only device 0's is rebuilt).
+        let p_dev = (data % n as u64) as usize;
+        mems[p_dev]
+            .write_at(offs[p_dev], &vec![0x5a; sl as usize])
+            .unwrap();
+        let vol = volume(&[0]);
+        let mut row = vec![0u8; (data * sl) as usize];
+        vol.read_copy(base, 0, &mut row).unwrap();
+        for i in 1..data as usize {
+            let at = i * sl as usize..(i + 1) * sl as usize;
+            assert!(
+                row[at.clone()] == model[at],
+                "stripe {i} of row 0 not read directly"
+            );
         }
     }
 

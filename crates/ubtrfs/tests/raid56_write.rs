@@ -68,6 +68,25 @@ fn raid56_writes(profile: &str, ndev: usize, missing: usize) {
         .args(["-f", "-q", "-d", profile, "-m", profile])
         .args(&devices));
     let mnt = t.join("mnt");
+    // Free space as the kernel counts it for a new filesystem: the parity
+    // share of unallocated device space is not free for data.
+    let kernel_free = {
+        let m = Mount::new(&devices, &mnt, "").unwrap();
+        let out = run(Command::new("stat")
+            .args(["-f", "-c", "%a %S"])
+            .arg(m.path()));
+        m.unmount().unwrap();
+        let v: Vec<u64> = out.split_whitespace().map(|x| x.parse().unwrap()).collect();
+        v[0] * v[1]
+    };
+    {
+        let fs = Filesystem::open_read_write(&devices).unwrap();
+        let ours = fs.statfs().free_bytes;
+        assert!(
+            ours.abs_diff(kernel_free) <= kernel_free / 50,
+            "{profile}: {ours} bytes free, the kernel says {kernel_free}"
+        );
+    }
     let mut want = BTreeMap::new();
     {
         let m = Mount::new(&devices, &mnt, "").unwrap();

@@ -31,7 +31,8 @@ pub struct StatFs {
     pub block_size: u32,
     /// Size of all devices.
     pub total_bytes: u64,
-    /// Bytes not yet used (an estimate: profiles are not taken into account).
+    /// Bytes free for file data (an estimate; on a writable filesystem,
+    /// unallocated device space counts by the data profile's share).
     pub free_bytes: u64,
     /// Inodes in use, as far as known (0 if unknown).
     pub files: u64,
@@ -349,7 +350,8 @@ impl Filesystem {
 
     /// For a writable filesystem: free space in data block groups, less
     /// the dirty data waiting for it, plus device space no chunk uses yet
-    /// (divided by the data profile's copies).
+    /// (the share of it the data profile keeps as data: half for two
+    /// copies, (n - 1) / n for RAID5 over n devices).
     fn writable_free_bytes(&self) -> Option<u64> {
         let w = self
             .writer
@@ -357,23 +359,15 @@ impl Filesystem {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         let in_groups = w.blocks.alloc.free_bytes(crate::alloc::SpaceKind::Data);
-        let copies = w
+        let profile = w
             .blocks
             .alloc
             .groups
             .values()
             .find(|g| g.flags & BLOCK_GROUP_DATA != 0)
-            .and_then(|g| crate::volume::Profile::from_flags(g.flags).ok())
-            .map_or(1, |p| match p {
-                crate::volume::Profile::Dup
-                | crate::volume::Profile::Raid1
-                | crate::volume::Profile::Raid10 => 2,
-                crate::volume::Profile::Raid1c3 => 3,
-                crate::volume::Profile::Raid1c4 => 4,
-                _ => 1,
-            });
+            .and_then(|g| crate::volume::Profile::from_flags(g.flags).ok());
         drop(w);
-        let mut unallocated = 0u64;
+        let (mut unallocated, mut devices) = (0u64, 0u64);
         for item in self
             .chunk_tree()
             .items_of(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY)
@@ -381,8 +375,18 @@ impl Filesystem {
         {
             let d = DevItem::parse(item.ok()?.data()).ok()?;
             unallocated += d.total_bytes.saturating_sub(d.bytes_used);
+            devices += 1;
         }
-        Some((in_groups + unallocated / copies).saturating_sub(self.delalloc().bytes()))
+        let (kept, of) = match profile {
+            Some(Profile::Dup | Profile::Raid1 | Profile::Raid10) => (1, 2),
+            Some(Profile::Raid1c3) => (1, 3),
+            Some(Profile::Raid1c4) => (1, 4),
+            Some(Profile::Raid5) => (devices.saturating_sub(1), devices.max(1)),
+            Some(Profile::Raid6) => (devices.saturating_sub(2), devices.max(1)),
+            _ => (1, 1),
+        };
+        let usable = (u128::from(unallocated) * u128::from(kept) / u128::from(of)) as u64;
+        Some((in_groups + usable).saturating_sub(self.delalloc().bytes()))
     }
 }
 

@@ -694,8 +694,7 @@ fn data_stripes(profile: Profile, stripes: usize) -> u64 {
     match profile {
         Profile::Raid0 => stripes as u64,
         Profile::Raid10 => stripes as u64 / 2,
-        Profile::Raid5 => stripes as u64 - 1,
-        Profile::Raid6 => stripes as u64 - 2,
+        Profile::Raid5 | Profile::Raid6 => stripes as u64 - profile.parity_stripes(),
         _ => 1,
     }
 }

@@ -252,7 +252,7 @@ fn plan_stripes(
         Profile::Raid5 | Profile::Raid6 => {
             // Over every device with room, as the kernel spreads them; one
             // stripe of each row (two in RAID6) holds parity.
-            let parity = if profile == Profile::Raid5 { 1 } else { 2 };
+            let parity = profile.parity_stripes();
             let data = (devs.len() as u64).saturating_sub(parity).max(1);
             let n = with_room(devs, (size / data).max(STRIPE_LEN)) as u64;
             if n <= parity {

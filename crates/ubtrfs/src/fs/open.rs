@@ -413,10 +413,9 @@ fn check_devices(
             .filter(|s| set.get(s.devid).is_none())
             .count();
         // Parity rebuilds as many lost stripes of a row as it has parities.
-        let parity = match chunk.profile {
-            Profile::Raid5 => Some(1),
-            Profile::Raid6 => Some(2),
-            _ => None,
+        let parity = match chunk.profile.parity_stripes() {
+            0 => None,
+            p => Some(p as usize),
         };
         let readable = parity.map_or_else(
             || {

@@ -37,6 +37,16 @@ impl Profile {
         })
     }
 
+    /// Stripes of each row that hold parity: 1 in RAID5, 2 in RAID6, 0
+    /// in every other profile.
+    pub fn parity_stripes(self) -> u64 {
+        match self {
+            Profile::Raid5 => 1,
+            Profile::Raid6 => 2,
+            _ => 0,
+        }
+    }
+
     /// The name btrfs-progs uses.
     pub fn name(self) -> &'static str {
         match self {

@@ -38,10 +38,9 @@ impl Volume {
     /// RAID6 two more (rebuilt with P, or with Q), as the kernel counts.
     pub fn num_copies(&self, logical: u64) -> Result<usize> {
         let chunk = self.chunks.lookup(logical)?;
-        Ok(match chunk.profile {
-            Profile::Raid5 => 2,
-            Profile::Raid6 => 3,
-            _ => chunk.num_copies(),
+        Ok(match chunk.profile.parity_stripes() {
+            0 => chunk.num_copies(),
+            parity => 1 + parity as usize,
         })
     }
 
@@ -60,7 +59,7 @@ impl Volume {
             return Err(Error::Unmapped(chunk.end()));
         }
         if parity && mirror > 0 {
-            if mirror > 1 + usize::from(chunk.profile == Profile::Raid6) {
+            if mirror > chunk.profile.parity_stripes() as usize {
                 return Err(Error::Invalid(format!(
                     "copy {mirror} of logical {logical}"
                 )));

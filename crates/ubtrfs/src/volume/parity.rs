@@ -190,7 +190,7 @@ impl Volume {
     pub(super) fn write_parity(&self, chunk: &Chunk, logical: u64, buf: &[u8]) -> Result<()> {
         let n = chunk.item.stripes.len() as u64;
         let raid6 = chunk.profile == Profile::Raid6;
-        let data = n - if raid6 { 2 } else { 1 };
+        let data = n - chunk.profile.parity_stripes();
         let sl = chunk.item.stripe_len;
         let row_len = data * sl;
         let start = logical - chunk.logical;
@@ -284,7 +284,7 @@ impl Volume {
     ) -> Result<()> {
         let n = chunk.item.stripes.len() as u64;
         let raid6 = chunk.profile == Profile::Raid6;
-        let data = n - if raid6 { 2 } else { 1 };
+        let data = n - chunk.profile.parity_stripes();
         let sl = chunk.item.stripe_len;
         let start = logical - chunk.logical;
         let mut done = 0usize;
@@ -296,7 +296,6 @@ impl Volume {
             let _held = self.rows.hold(chunk.logical, row);
             let c0 = off % sl;
             let width = ((sl - c0) as usize).min(buf.len() - done);
-            // Every stripe of the row, at these columns; None: device missing.
             // A stripe of the row at these columns; None: its device is
             // missing or fails the read (it then counts as lost).
             let read = |idx: u64| -> Option<Vec<u8>> {
@@ -352,13 +351,9 @@ impl Volume {
             .iter()
             .filter(|s| self.devices.get(s.devid).is_none())
             .count();
-        let parity = if chunk.profile == Profile::Raid6 {
-            2
-        } else {
-            1
-        };
+        let parity = chunk.profile.parity_stripes() as usize;
         // The stripe rebuilt counts as lost; so does P when Q is used.
-        missing + usize::from(mirror == 2) < parity + 1 && mirror <= parity
+        missing + usize::from(mirror == 2) <= parity && mirror <= parity
     }
 }
 

@@ -177,7 +177,7 @@ mount_ubtrfs() { # mode ("" for the mount's default)
     local mode=$1 opt=()
     [[ -n $mode ]] && opt=(-o "$(printf "$CSUM_OPT" "$mode")")
     echo "=== $(date +%T) mount ${opt[*]} ${DEVS[*]}" >>"$ULOG"
-    "$UBTRFS" mount "${opt[@]}" "${DEVS[@]}" "$MNT" >>"$ULOG" 2>&1 &
+    setsid -w "$UBTRFS" mount "${opt[@]}" "${DEVS[@]}" "$MNT" >>"$ULOG" 2>&1 &
     UPID=$!
     wait_fuse_mount "$MNT" "$UPID" && return 0
     wait "$UPID" 2>/dev/null || true

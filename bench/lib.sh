@@ -159,7 +159,7 @@ mount_target() { # target [options]
     esac
     case $t in
         ubtrfs)
-            "$UBTRFS" mount "$IMG" "$MNT" ${o:+-o "$o"} 2>"$W/log-ubtrfs.txt" &
+            setsid -w "$UBTRFS" mount "$IMG" "$MNT" ${o:+-o "$o"} 2>"$W/log-ubtrfs.txt" &
             UBTRFS_PID=$!
             wait_fuse_mount "$MNT" "$UBTRFS_PID" || die "ubtrfs mount failed: $(tail -n 3 "$W/log-ubtrfs.txt")"
             ;;

@@ -176,13 +176,13 @@ do_mount() { # target
             echo "=== $(date +%T) mount $IMG ($1)" >>"$ULOG"
             local how=()
             [[ $1 == ubtrfs-dev ]] && how=(-o nouring)
-            "$UBTRFS" mount "${how[@]}" "$IMG" "$MNT" >>"$ULOG" 2>&1 &
+            setsid -w "$UBTRFS" mount "${how[@]}" "$IMG" "$MNT" >>"$ULOG" 2>&1 &
             SPID=$!; wait_fuse ;;
         floor|floor-dev)
             echo "=== $(date +%T) fuse_floor ($1)" >>"$ULOG"
             local how=()
             [[ $1 == floor-dev ]] && how=(--nouring)
-            "$FLOOR" "${how[@]}" "$MNT" >>"$ULOG" 2>&1 &
+            setsid -w "$FLOOR" "${how[@]}" "$MNT" >>"$ULOG" 2>&1 &
             SPID=$!; wait_fuse ;;
         btrfs|xfs) LOOP=$(losetup -f --show "$IMG"); mount "$LOOP" "$MNT" ;;
         tmpfs) mount -t tmpfs -o size=8g tmpfs "$MNT" ;;

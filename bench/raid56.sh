@@ -84,7 +84,7 @@ mount_raid() { # target profile
             mkfs.btrfs -f -d "$p" -m "$p" "${DEVS[@]}" >"$W/log-mkfs.txt" 2>&1 ||
                 { cat "$W/log-mkfs.txt" >&2; die "mkfs.btrfs $p failed"; }
             if [[ $t == ubtrfs ]]; then
-                "$UBTRFS" mount "${DEVS[@]}" "$MNT" 2>"$W/log-ubtrfs.txt" &
+                setsid -w "$UBTRFS" mount "${DEVS[@]}" "$MNT" 2>"$W/log-ubtrfs.txt" &
                 UBTRFS_PID=$!
                 wait_fuse_mount "$MNT" "$UBTRFS_PID" || die "ubtrfs mount failed: $(tail -n 3 "$W/log-ubtrfs.txt")"
             else

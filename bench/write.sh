@@ -138,7 +138,7 @@ do_mount() { # target
     case $t in
         ubtrfs*)
             echo "=== $(date +%T) mount $src $mnt" >>"$ULOG"
-            "$UBTRFS" mount "$src" "$mnt" >>"$ULOG" 2>&1 &
+            setsid -w "$UBTRFS" mount "$src" "$mnt" >>"$ULOG" 2>&1 &
             UPID[$t]=$!
             wait_fuse_mount "$mnt" "${UPID[$t]}" && return 0
             tail -n 20 "$ULOG" >&2

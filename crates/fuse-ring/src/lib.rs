@@ -18,8 +18,10 @@
 
 pub mod abi;
 pub mod from_fuser;
+pub mod idle_wait;
 pub mod ring;
 
+pub use idle_wait::can_wait_idle;
 pub use ring::{Handler, RingConfig, RingEntry, Rings};
 
 use std::path::Path;

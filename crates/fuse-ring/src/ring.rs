@@ -12,6 +12,7 @@
 
 use crate::Error;
 use crate::abi::{Args, IN_HEADER_LEN, InHeader, OUT_HEADER_LEN};
+use crate::idle_wait::{IdleWait, Watch, can_wait_idle, set_policy};
 use io_uring::{IoUring, cqueue, opcode, squeue::Entry128, types};
 use std::cell::UnsafeCell;
 use std::io;
@@ -59,6 +60,11 @@ pub struct RingConfig {
     pub payload_size: usize,
     /// Run each queue's threads on that queue's CPU.
     pub pin: bool,
+    /// While callers are seen bouncing between CPUs, commit answers and
+    /// wait for requests under `SCHED_IDLE`, and serve them under the
+    /// normal policy (see [`crate::idle_wait`]). Ignored where a thread
+    /// may not return to the normal policy ([`crate::can_wait_idle`]).
+    pub idle_wait: bool,
 }
 
 /// What serves the requests. Called on a ring thread; the entry may be
@@ -280,7 +286,14 @@ impl Rings {
                     bufs,
                     payload_size,
                     pin: config.pin,
+                    idle_wait: None,
                 });
+            }
+        }
+        if config.idle_wait && can_wait_idle() {
+            let shared = Arc::new(IdleWait::new());
+            for q in &mut prepared {
+                q.idle_wait = Some(Arc::clone(&shared));
             }
         }
         let mut threads = Vec::new();
@@ -367,6 +380,8 @@ struct Queue {
     bufs: Vec<Arc<Buffers>>,
     payload_size: usize,
     pin: bool,
+    /// Shared by the mount's threads when they may wait under `SCHED_IDLE`.
+    idle_wait: Option<Arc<IdleWait>>,
 }
 
 /// `struct fuse_uring_cmd_req` in the command area of a 128-byte SQE.
@@ -437,6 +452,9 @@ impl Queue {
         }
         let mut live = self.bufs.len();
         let mut first_error = None;
+        // Under SCHED_IDLE now; what this thread saw of callers moving.
+        let mut idle = false;
+        let mut watch = Watch::default();
         // Entries whose request is answered on another thread, later.
         let mut held = std::collections::HashSet::new();
         // The kernel refuses an entry at once, while it takes one in
@@ -474,6 +492,12 @@ impl Queue {
                 break;
             }
             if completed.is_empty() {
+                if let Some(shared) = &self.idle_wait
+                    && !idle
+                    && shared.on()
+                {
+                    idle = set_policy(libc::SCHED_IDLE);
+                }
                 match self.ring.submit_and_wait(1) {
                     Ok(_) => {}
                     Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
@@ -491,7 +515,14 @@ impl Queue {
                 let index = data as usize;
                 match res {
                     0.. => {
+                        // Served under the normal policy, whatever comes.
+                        if idle {
+                            idle = !set_policy(libc::SCHED_OTHER);
+                        }
                         let entry = self.arrived(index);
+                        if let Some(shared) = &self.idle_wait {
+                            watch.saw(shared, entry.header.pid, self.qid);
+                        }
                         // A panicking handler drops the entry, which
                         // answers EIO; the queue goes on.
                         let handled =

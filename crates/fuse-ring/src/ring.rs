@@ -12,7 +12,7 @@
 
 use crate::Error;
 use crate::abi::{Args, IN_HEADER_LEN, InHeader, OUT_HEADER_LEN};
-use crate::idle_wait::{IdleWait, Watch, can_wait_idle, set_policy};
+use crate::idle_commit::{Bouncing, IdleCommit, can_commit_idle};
 use io_uring::{IoUring, cqueue, opcode, squeue::Entry128, types};
 use std::cell::UnsafeCell;
 use std::io;
@@ -60,11 +60,10 @@ pub struct RingConfig {
     pub payload_size: usize,
     /// Run each queue's threads on that queue's CPU.
     pub pin: bool,
-    /// While callers are seen bouncing between CPUs, commit answers and
-    /// wait for requests under `SCHED_IDLE`, and serve them under the
-    /// normal policy (see [`crate::idle_wait`]). Ignored where a thread
-    /// may not return to the normal policy ([`crate::can_wait_idle`]).
-    pub idle_wait: bool,
+    /// While callers are seen bouncing between CPUs, commit answers under
+    /// `SCHED_IDLE` (see [`crate::idle_commit`]). Ignored where a thread
+    /// may not return to the normal policy ([`crate::can_commit_idle`]).
+    pub idle_commit: bool,
 }
 
 /// What serves the requests. Called on a ring thread; the entry may be
@@ -286,14 +285,14 @@ impl Rings {
                     bufs,
                     payload_size,
                     pin: config.pin,
-                    idle_wait: None,
+                    bouncing: None,
                 });
             }
         }
-        if config.idle_wait && can_wait_idle() {
-            let shared = Arc::new(IdleWait::new());
+        if config.idle_commit && can_commit_idle() {
+            let shared = Arc::new(Bouncing::new());
             for q in &mut prepared {
-                q.idle_wait = Some(Arc::clone(&shared));
+                q.bouncing = Some(Arc::clone(&shared));
             }
         }
         let mut threads = Vec::new();
@@ -380,8 +379,8 @@ struct Queue {
     bufs: Vec<Arc<Buffers>>,
     payload_size: usize,
     pin: bool,
-    /// Shared by the mount's threads when they may wait under `SCHED_IDLE`.
-    idle_wait: Option<Arc<IdleWait>>,
+    /// Shared by the mount's threads when they may commit idle.
+    bouncing: Option<Arc<Bouncing>>,
 }
 
 /// `struct fuse_uring_cmd_req` in the command area of a 128-byte SQE.
@@ -452,9 +451,7 @@ impl Queue {
         }
         let mut live = self.bufs.len();
         let mut first_error = None;
-        // Under SCHED_IDLE now; what this thread saw of callers moving.
-        let mut idle = false;
-        let mut watch = Watch::default();
+        let mut idle_commit = self.bouncing.take().and_then(IdleCommit::for_this_thread);
         // Entries whose request is answered on another thread, later.
         let mut held = std::collections::HashSet::new();
         // The kernel refuses an entry at once, while it takes one in
@@ -482,6 +479,7 @@ impl Queue {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner()),
             );
+            let committing = !replied.is_empty();
             for (index, commit_id) in replied {
                 held.remove(&index);
                 let sqe = command(CMD_COMMIT_AND_FETCH, self.fuse, self.qid, commit_id, None)
@@ -492,11 +490,19 @@ impl Queue {
                 break;
             }
             if completed.is_empty() {
-                if let Some(shared) = &self.idle_wait
-                    && !idle
-                    && shared.on()
+                // The answers wake their callers: committed idle, they
+                // keep them on this CPU (see `idle_commit`).
+                if committing
+                    && let Some(ic) = &idle_commit
+                    && ic.wanted()
                 {
-                    idle = set_policy(libc::SCHED_IDLE);
+                    let (submitted, back) = ic.commit_idle(|| self.ring.submit());
+                    if !back {
+                        // Not let back (the nice limit changed since the
+                        // start): no more idle commits on this thread.
+                        idle_commit = None;
+                    }
+                    submitted?;
                 }
                 match self.ring.submit_and_wait(1) {
                     Ok(_) => {}
@@ -515,13 +521,9 @@ impl Queue {
                 let index = data as usize;
                 match res {
                     0.. => {
-                        // Served under the normal policy, whatever comes.
-                        if idle {
-                            idle = !set_policy(libc::SCHED_OTHER);
-                        }
                         let entry = self.arrived(index);
-                        if let Some(shared) = &self.idle_wait {
-                            watch.saw(shared, entry.header.pid, self.qid);
+                        if let Some(ic) = &mut idle_commit {
+                            ic.saw(entry.header.pid, self.qid);
                         }
                         // A panicking handler drops the entry, which
                         // answers EIO; the queue goes on.

@@ -451,7 +451,10 @@ impl Queue {
         }
         let mut live = self.bufs.len();
         let mut first_error = None;
-        let mut idle_commit = self.bouncing.take().and_then(IdleCommit::for_this_thread);
+        let mut idle_commit = self
+            .bouncing
+            .take()
+            .and_then(|b| IdleCommit::for_this_thread(b, self.qid));
         // Entries whose request is answered on another thread, later.
         let mut held = std::collections::HashSet::new();
         // The kernel refuses an entry at once, while it takes one in
@@ -523,7 +526,7 @@ impl Queue {
                     0.. => {
                         let entry = self.arrived(index);
                         if let Some(ic) = &mut idle_commit {
-                            ic.saw(entry.header.pid, self.qid);
+                            ic.saw(entry.header.pid);
                         }
                         // A panicking handler drops the entry, which
                         // answers EIO; the queue goes on.

@@ -18,10 +18,10 @@
 
 pub mod abi;
 pub mod from_fuser;
-pub mod idle_commit;
+pub mod idle_wait;
 pub mod ring;
 
-pub use idle_commit::can_commit_idle;
+pub use idle_wait::can_wait_idle;
 pub use ring::{Handler, RingConfig, RingEntry, Rings};
 
 use std::path::Path;

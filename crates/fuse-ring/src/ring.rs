@@ -12,7 +12,7 @@
 
 use crate::Error;
 use crate::abi::{Args, IN_HEADER_LEN, InHeader, OUT_HEADER_LEN};
-use crate::idle_commit::{Bouncing, IdleCommit, can_commit_idle};
+use crate::idle_wait::{Bouncing, IdleWait, can_wait_idle};
 use io_uring::{IoUring, cqueue, opcode, squeue::Entry128, types};
 use std::cell::UnsafeCell;
 use std::io;
@@ -60,10 +60,11 @@ pub struct RingConfig {
     pub payload_size: usize,
     /// Run each queue's threads on that queue's CPU.
     pub pin: bool,
-    /// While callers are seen bouncing between CPUs, commit answers under
-    /// `SCHED_IDLE` (see [`crate::idle_commit`]). Ignored where a thread
-    /// may not return to the normal policy ([`crate::can_commit_idle`]).
-    pub idle_commit: bool,
+    /// While callers are seen bouncing between CPUs, commit answers and
+    /// wait for requests under `SCHED_IDLE` (see [`crate::idle_wait`]).
+    /// Ignored where a thread may not return to the normal policy
+    /// ([`crate::can_wait_idle`]).
+    pub idle_wait: bool,
 }
 
 /// What serves the requests. Called on a ring thread; the entry may be
@@ -243,6 +244,8 @@ impl Drop for RingEntry {
 pub struct Rings {
     threads: Vec<JoinHandle<(io::Result<()>, Queue)>>,
     mailboxes: Vec<Arc<Mailbox>>,
+    /// What the threads share to wait idle, and its watchdog.
+    bouncing: Option<(Arc<Bouncing>, JoinHandle<()>)>,
 }
 
 impl Rings {
@@ -289,11 +292,17 @@ impl Rings {
                 });
             }
         }
-        if config.idle_commit && can_commit_idle() {
-            let shared = Arc::new(Bouncing::new());
-            for q in &mut prepared {
-                q.bouncing = Some(Arc::clone(&shared));
+        let mut bouncing = None;
+        if config.idle_wait && can_wait_idle() {
+            let shared = Bouncing::new(prepared.len());
+            // Prepared queue by queue, a run of threads each.
+            let per_queue = config.threads_per_queue.max(1);
+            for (i, q) in prepared.iter_mut().enumerate() {
+                let first = i - i % per_queue;
+                q.bouncing = Some((Arc::clone(&shared), i, first..first + per_queue));
             }
+            let watchdog = shared.start_watchdog()?;
+            bouncing = Some((shared, watchdog));
         }
         let mut threads = Vec::new();
         let mailboxes = prepared.iter().map(|q| Arc::clone(&q.mailbox)).collect();
@@ -313,12 +322,21 @@ impl Rings {
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(e) => {
-                    Rings { threads, mailboxes }.stop_quietly();
+                    Rings {
+                        threads,
+                        mailboxes,
+                        bouncing,
+                    }
+                    .stop_quietly();
                     return Err(e.into());
                 }
             }
         }
-        let rings = Rings { threads, mailboxes };
+        let rings = Rings {
+            threads,
+            mailboxes,
+            bouncing,
+        };
         // A refused entry makes the kernel fall back to /dev/fuse for good:
         // fail the start rather than serve half one way, half the other.
         for _ in 0..count {
@@ -359,6 +377,10 @@ impl Rings {
                 first = r;
             }
         }
+        if let Some((shared, watchdog)) = self.bouncing {
+            shared.stop();
+            let _ = watchdog.join();
+        }
         first
     }
 }
@@ -379,8 +401,9 @@ struct Queue {
     bufs: Vec<Arc<Buffers>>,
     payload_size: usize,
     pin: bool,
-    /// Shared by the mount's threads when they may commit idle.
-    bouncing: Option<Arc<Bouncing>>,
+    /// Shared by the mount's threads when they may wait idle, this
+    /// thread's number among them and those of its queue's threads.
+    bouncing: Option<(Arc<Bouncing>, usize, std::ops::Range<usize>)>,
 }
 
 /// `struct fuse_uring_cmd_req` in the command area of a 128-byte SQE.
@@ -451,10 +474,10 @@ impl Queue {
         }
         let mut live = self.bufs.len();
         let mut first_error = None;
-        let mut idle_commit = self
+        let mut idle_wait = self
             .bouncing
             .take()
-            .and_then(|b| IdleCommit::for_this_thread(b, self.qid));
+            .and_then(|(b, i, siblings)| IdleWait::for_this_thread(b, i, siblings, self.qid));
         // Entries whose request is answered on another thread, later.
         let mut held = std::collections::HashSet::new();
         // The kernel refuses an entry at once, while it takes one in
@@ -482,7 +505,6 @@ impl Queue {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner()),
             );
-            let committing = !replied.is_empty();
             for (index, commit_id) in replied {
                 held.remove(&index);
                 let sqe = command(CMD_COMMIT_AND_FETCH, self.fuse, self.qid, commit_id, None)
@@ -494,20 +516,17 @@ impl Queue {
             }
             if completed.is_empty() {
                 // The answers wake their callers: committed idle, they
-                // keep them on this CPU (see `idle_commit`).
-                if committing
-                    && let Some(ic) = &idle_commit
-                    && ic.wanted()
-                {
-                    let (submitted, back) = ic.commit_idle(|| self.ring.submit());
-                    if !back {
-                        // Not let back (the nice limit changed since the
-                        // start): no more idle commits on this thread.
-                        idle_commit = None;
-                    }
-                    submitted?;
+                // stay on this CPU (see `idle_wait`).
+                if let Some(iw) = &mut idle_wait {
+                    iw.before_wait();
                 }
-                match self.ring.submit_and_wait(1) {
+                let waited = self.ring.submit_and_wait(1);
+                if let Some(iw) = &mut idle_wait
+                    && !iw.after_wait()
+                {
+                    idle_wait = None;
+                }
+                match waited {
                     Ok(_) => {}
                     Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
                     Err(e) => return Err(e),
@@ -525,8 +544,8 @@ impl Queue {
                 match res {
                     0.. => {
                         let entry = self.arrived(index);
-                        if let Some(ic) = &mut idle_commit {
-                            ic.saw(entry.header.pid);
+                        if let Some(iw) = &mut idle_wait {
+                            iw.saw(entry.header.pid);
                         }
                         // A panicking handler drops the entry, which
                         // answers EIO; the queue goes on.

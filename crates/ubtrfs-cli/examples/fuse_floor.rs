@@ -724,7 +724,7 @@ fn main() -> Result<()> {
             depth: 1,
             payload_size: RING_MAX_WRITE as usize,
             pin: true,
-            idle_commit: true,
+            idle_wait: true,
         };
         let handler = Arc::new(RingFloor { inner });
         let started = fuse_ring::Rings::start(session.as_fd().as_raw_fd(), &ring, handler)?;

@@ -1126,9 +1126,21 @@ impl FuseFs {
         if !self.served.writable() {
             return reply.ok();
         }
-        // The last close of an unlinked file deletes it.
+        // The last close of an unlinked file deletes it. Every other close
+        // (nearly all) only counts, beside other readers: taking the lock
+        // for changes here held up the requests the caller sent just after
+        // this asynchronous one.
         let id = self.inode_of(ino);
-        match self.served.write(|fs| fs.release_inode(id).map_err(errno)) {
+        let closed = self.served.read(|fs| fs.close_inode(id)).map_err(errno);
+        let done = closed.and_then(|orphan| {
+            if orphan {
+                self.served
+                    .write(|fs| fs.delete_closed_orphan(id).map_err(errno))
+            } else {
+                Ok(())
+            }
+        });
+        match done {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }

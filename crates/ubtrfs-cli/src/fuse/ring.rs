@@ -63,7 +63,7 @@ impl FuseFs {
             depth: 1,
             payload_size: MAX_WRITE as usize,
             pin: true,
-            idle_commit: true,
+            idle_wait: true,
         };
         let server = Arc::new(RingServer {
             fs: self.clone(),

@@ -470,10 +470,22 @@ impl Filesystem {
 
     /// The user of `id` is done; an orphaned inode is deleted now.
     pub fn release_inode(&self, id: InodeId) -> Result<()> {
+        if self.close_inode(id)? {
+            self.delete_closed_orphan(id)?;
+        }
+        Ok(())
+    }
+
+    /// The first half of [`Filesystem::release_inode`], which changes
+    /// nothing on disk (so a FUSE mount runs it beside other readers):
+    /// counts the user of `id` gone, and tells whether it was the last
+    /// one of an orphaned inode, which [`Filesystem::delete_closed_orphan`]
+    /// then deletes.
+    pub fn close_inode(&self, id: InodeId) -> Result<bool> {
         let last = {
             let mut open = self.open_inodes();
             let Some(n) = open.get_mut(&id) else {
-                return Ok(());
+                return Ok(false);
             };
             *n -= 1;
             let last = *n == 0;
@@ -483,6 +495,16 @@ impl Filesystem {
             last
         };
         if !last || self.writer.is_none() {
+            return Ok(false);
+        }
+        let key = Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, id.ino);
+        Ok(self.fs_tree(id.subvol)?.get(&key)?.is_some())
+    }
+
+    /// The second half of [`Filesystem::release_inode`]: deletes orphan
+    /// `id` unless it is in use again or gone already.
+    pub fn delete_closed_orphan(&self, id: InodeId) -> Result<()> {
+        if self.writer.is_none() || self.open_count(id) > 0 {
             return Ok(());
         }
         let key = Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, id.ino);
@@ -571,5 +593,77 @@ pub(crate) fn remove_dir_item_name(
         Ok(())
     } else {
         leaf.set_data(pos, &rest)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::Error;
+    use crate::format::Key;
+    use crate::format::consts::{ORPHAN_ITEM_KEY, ORPHAN_OBJECTID};
+    use crate::fs::{InodeId, NewInode};
+    use crate::test_fs::TestFs;
+
+    fn file(t: &TestFs, name: &[u8]) -> InodeId {
+        let new = NewInode {
+            mode: libc::S_IFREG | 0o644,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+        };
+        t.fs().create(t.fs().root(), name, new).unwrap().id
+    }
+
+    fn has_orphan_item(t: &TestFs, id: InodeId) -> bool {
+        let key = Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, id.ino);
+        t.fs()
+            .fs_tree(id.subvol)
+            .unwrap()
+            .get(&key)
+            .unwrap()
+            .is_some()
+    }
+
+    #[test]
+    fn the_last_close_of_an_unlinked_file_tells_and_deletes_it() {
+        let t = TestFs::new();
+        let id = file(&t, b"a");
+        t.fs().write(id, 0, b"data").unwrap();
+        // Two users; the name goes.
+        t.fs().hold_inode(id);
+        t.fs().hold_inode(id);
+        t.fs().unlink(t.fs().root(), b"a").unwrap();
+        assert!(has_orphan_item(&t, id));
+        assert!(!t.fs().close_inode(id).unwrap(), "one user left");
+        assert!(
+            t.fs().close_inode(id).unwrap(),
+            "the last close of an orphan"
+        );
+        assert!(t.fs().stat(id).is_ok(), "closing alone changes nothing");
+        // Opened again between the halves: kept.
+        t.fs().hold_inode(id);
+        t.fs().delete_closed_orphan(id).unwrap();
+        assert!(t.fs().stat(id).is_ok());
+        assert!(t.fs().close_inode(id).unwrap());
+        t.fs().delete_closed_orphan(id).unwrap();
+        assert!(matches!(t.fs().stat(id), Err(Error::NotFound(_))));
+        assert!(!has_orphan_item(&t, id));
+        // Twice is harmless.
+        t.fs().delete_closed_orphan(id).unwrap();
+        t.fs().commit().unwrap();
+    }
+
+    #[test]
+    fn closing_a_file_with_names_deletes_nothing() {
+        let t = TestFs::new();
+        let id = file(&t, b"b");
+        t.fs().hold_inode(id);
+        assert!(!t.fs().close_inode(id).unwrap());
+        // Not open at all: nothing to count.
+        assert!(!t.fs().close_inode(id).unwrap());
+        t.fs().delete_closed_orphan(id).unwrap();
+        assert!(t.fs().stat(id).is_ok());
+        t.fs().release_inode(id).unwrap();
+        assert!(t.fs().stat(id).is_ok());
     }
 }

@@ -22,12 +22,16 @@
 //!
 //! A thread under `SCHED_IDLE` on a CPU busy with other work may wait for
 //! it for milliseconds, or seconds behind several busy processes. So a
-//! thread goes idle only when nothing else is runnable on the machine (or
-//! on more than half of its CPUs: `/proc/loadavg`), and a watchdog thread
-//! under the normal policy looks every 5 ms while callers bounce: when
-//! other work shows up, it returns every waiting thread to the normal
-//! policy. The cost is two policy changes and a read of `/proc/loadavg`
-//! a request (about 4 µs), against 20-30 µs a move.
+//! thread goes idle only when the machine is otherwise quiet (the running
+//! count of `/proc/loadavg`, with its queue's idle threads and, on larger
+//! machines, half the CPUs allowed for), waits idle 50 ms at once
+//! before it looks again, and a watchdog thread under
+//! the normal policy looks every 5 ms at the threads waiting idle: one
+//! found runnable at two looks without having run between (woken, but
+//! kept off its CPU by other work) goes back to the normal policy, and
+//! idle waits end until callers bounce again.
+//! The cost is two policy changes and a read of `/proc/loadavg` a request
+//! (about 4 µs), against 20-30 µs a move.
 
 use std::fs::File;
 use std::io;
@@ -45,8 +49,12 @@ const WINDOW: u32 = 128;
 /// while, but those kept in place do not renew it: when it ends, they
 /// bounce again for a window or two before it is renewed.
 const HOLD: Duration = Duration::from_secs(1);
-/// How often the watchdog looks while threads may wait idle.
+/// How often the watchdog looks while threads wait idle.
 const WATCH_PERIOD: Duration = Duration::from_millis(5);
+/// How long a thread waits idle at once: then it looks again whether it
+/// should, so a thread without requests is back to normal this long
+/// after callers stop bouncing.
+pub(crate) const IDLE_WAIT_MAX: Duration = Duration::from_millis(50);
 
 /// One slot per cache line: slots are written from every CPU.
 #[repr(align(64))]
@@ -79,12 +87,16 @@ impl Bouncing {
     /// For `threads` ring threads.
     pub(crate) fn new(threads: usize) -> Arc<Bouncing> {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Bouncing::with_max_running(threads, (cpus / 2).max(1) as u32)
+    }
+
+    fn with_max_running(threads: usize, max_running: u32) -> Arc<Bouncing> {
         Arc::new(Bouncing {
             last_queue: (0..SLOTS).map(|_| Slot::default()).collect(),
             epoch: Instant::now(),
             until_ms: AtomicU64::new(0),
             idle: (0..threads).map(|_| IdleSlot::default()).collect(),
-            max_running: (cpus / 2).max(1) as u32,
+            max_running,
             stop: AtomicBool::new(false),
             watchdog: OnceLock::new(),
         })
@@ -147,52 +159,61 @@ impl Bouncing {
             w.unpark();
         }
     }
-
-    /// Returns every thread waiting idle to the normal policy.
-    fn wake_all_normal(&self) {
-        for slot in self.idle.iter() {
-            let tid = slot.0.load(Ordering::Acquire);
-            if tid != 0 {
-                set_policy_of(tid, libc::SCHED_OTHER);
-            }
-        }
-    }
 }
 
+/// Whether thread `tid` of this process is runnable now, and how long it
+/// has run in all (nanoseconds); `None` for a thread that is gone (or a
+/// thread id that is not ours).
+fn cpu_state(tid: i32) -> Option<(bool, u64)> {
+    let stat = std::fs::read(format!("/proc/self/task/{tid}/stat")).ok()?;
+    // "tid (comm) S ...": the state follows the last ')'.
+    let end = stat.iter().rposition(|&c| c == b')')?;
+    let runnable = stat.get(end + 2) == Some(&b'R');
+    let sched = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+    let ran = sched.split_ascii_whitespace().next()?.parse().ok()?;
+    Some((runnable, ran))
+}
+
+/// What a thread may have run between two looks and still count as kept
+/// off its CPU.
+const BARELY_RAN: Duration = Duration::from_micros(100);
+
 fn watch(weak: Weak<Bouncing>) {
-    let Ok(loadavg) = File::open("/proc/loadavg") else {
-        return;
-    };
-    // Looks in a row that found other work.
-    let mut busy = 0;
+    // Per ring thread: the thread id seen waiting idle and runnable at the
+    // last look, and how long it had run then.
+    let mut last: Vec<(i32, u64)> = Vec::new();
     loop {
         let Some(b) = weak.upgrade() else { return };
         if b.stop.load(Ordering::Acquire) {
             return;
         }
-        let waiting = b.idle.iter().any(|t| t.0.load(Ordering::Relaxed) != 0);
-        if !waiting && !b.on() {
-            drop(b);
-            busy = 0;
-            // Woken when callers start bouncing (`turn_on`).
-            std::thread::park_timeout(HOLD);
-            continue;
-        }
-        // The watchdog counts itself among the runnable threads. Once,
-        // it may be callers and ring threads passing by: the waiting
-        // threads go normal for one wait. Twice in a row, it is other
-        // work: no more idle waits until callers bounce again.
-        if running(&loadavg).is_none_or(|n| n > b.max_running + 1) {
-            b.wake_all_normal();
-            busy += 1;
-            if busy >= 2 {
+        last.resize(b.idle.len(), (0, 0));
+        let mut waiting = false;
+        for (slot, seen) in b.idle.iter().zip(last.iter_mut()) {
+            let tid = slot.0.load(Ordering::Acquire);
+            let state = if tid == 0 { None } else { cpu_state(tid) };
+            waiting |= state.is_some();
+            let Some((true, ran)) = state else {
+                *seen = (0, 0);
+                continue;
+            };
+            // Waiting idle and runnable at both looks, and (next to) not
+            // run between: woken, but kept off its CPU by other work. (A
+            // thread that gets its CPU stops waiting idle at once.)
+            if seen.0 == tid && ran.saturating_sub(seen.1) < BARELY_RAN.as_nanos() as u64 {
+                set_policy_of(tid, libc::SCHED_OTHER);
                 b.until_ms.store(0, Ordering::Relaxed);
             }
-        } else {
-            busy = 0;
+            *seen = (tid, ran);
         }
+        let on = b.on();
         drop(b);
-        std::thread::park_timeout(WATCH_PERIOD);
+        if waiting || on {
+            std::thread::park_timeout(WATCH_PERIOD);
+        } else {
+            // Woken when callers start bouncing (`turn_on`).
+            std::thread::park_timeout(HOLD);
+        }
     }
 }
 
@@ -262,13 +283,15 @@ impl IdleWait {
     }
 
     /// Before the thread commits its answers and waits: goes idle if
-    /// callers bounce and nothing else is runnable. Threads of this queue
-    /// waiting idle do not count: one woken for an asynchronous request
-    /// (the RELEASE sent just before the GETATTR answered here) is
-    /// runnable, but idle.
-    pub(crate) fn before_wait(&mut self) {
+    /// callers bounce and the machine is otherwise quiet; whether it did
+    /// (the wait is then at most [`IDLE_WAIT_MAX`]). Threads of this
+    /// queue waiting idle do not count: one woken for an asynchronous
+    /// request (the RELEASE sent just before the GETATTR answered here)
+    /// is runnable, but idle; one kept off its CPU by other work is the
+    /// watchdog's to find.
+    pub(crate) fn before_wait(&mut self) -> bool {
         if self.idle || !self.shared.on() {
-            return;
+            return self.idle;
         }
         let idle_siblings = self.shared.idle[self.siblings.clone()]
             .iter()
@@ -276,21 +299,21 @@ impl IdleWait {
             .count() as u32;
         let allowed = self.shared.max_running + idle_siblings;
         if running(&self.loadavg).is_none_or(|n| n > allowed) {
-            return;
+            return false;
         }
         if set_policy_of(0, libc::SCHED_IDLE) {
             self.idle = true;
-            // After the change: the watchdog must never see the thread id
-            // of a thread that has gone normal and stays so.
             self.shared.idle[self.index]
                 .0
                 .store(self.tid, Ordering::Release);
         }
+        self.idle
     }
 
     /// After the wait: back to the normal policy. `false` if the thread
-    /// could not return (the nice limit changed since [`can_wait_idle`]
-    /// said yes) and must stop going idle.
+    /// could not return (the nice limit shrank since [`can_wait_idle`]
+    /// said yes): it stays under `SCHED_IDLE`, and should not wait idle
+    /// again.
     pub(crate) fn after_wait(&mut self) -> bool {
         if !self.idle {
             return true;
@@ -396,78 +419,72 @@ mod tests {
     #[test]
     fn a_thread_waits_idle_only_while_callers_bounce_and_returns_to_normal() {
         std::thread::spawn(|| {
-            let shared = Bouncing::new(1);
-            let mut p = IdleWait::for_this_thread(Arc::clone(&shared), 0, 0..1, 0).unwrap();
-            p.before_wait();
-            assert_eq!(policy(), libc::SCHED_OTHER, "idle without bouncing");
+            // Any number of runnable threads allowed: the tests run beside
+            // each other.
+            let shared = Bouncing::with_max_running(2, 1000);
+            assert!(IdleWait::for_this_thread(Arc::clone(&shared), 0, 1..2, 0).is_none());
+            let mut p = IdleWait::for_this_thread(Arc::clone(&shared), 0, 0..2, 0).unwrap();
+            assert!(!p.before_wait(), "idle without bouncing");
+            assert_eq!(policy(), libc::SCHED_OTHER);
             shared.turn_on();
-            // Other runnable threads (the test harness's) may hold it back:
-            // it goes idle only when nothing else runs. Try a few times.
-            for _ in 0..1000 {
-                p.before_wait();
-                if p.idle {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            if p.idle {
-                assert_eq!(policy(), libc::SCHED_IDLE);
-                // SAFETY: a plain query of the calling thread.
-                let tid = unsafe { libc::gettid() };
-                assert_eq!(shared.idle[0].0.load(Ordering::Relaxed), tid);
-            } else {
-                assert_eq!(policy(), libc::SCHED_OTHER);
-            }
-            let back = p.after_wait();
-            assert_eq!(back, policy() == libc::SCHED_OTHER);
+            assert!(p.before_wait());
+            assert_eq!(policy(), libc::SCHED_IDLE);
+            // SAFETY: a plain query of the calling thread.
+            let tid = unsafe { libc::gettid() };
+            assert_eq!(shared.idle[0].0.load(Ordering::Relaxed), tid);
+            assert!(p.after_wait());
+            assert_eq!(policy(), libc::SCHED_OTHER);
             assert_eq!(shared.idle[0].0.load(Ordering::Relaxed), 0);
-            if can_wait_idle() {
-                assert!(back);
-                assert_eq!(policy(), libc::SCHED_OTHER);
-            }
+            // Callers no longer bounce: normal waits.
+            shared.until_ms.store(0, Ordering::Relaxed);
+            assert!(!p.before_wait());
+            assert!(p.after_wait());
+            // A machine busier than allowed: no idle wait.
+            let busy = Bouncing::with_max_running(1, 0);
+            busy.turn_on();
+            let mut q = IdleWait::for_this_thread(busy, 0, 0..1, 0).unwrap();
+            assert!(!q.before_wait(), "this thread alone is one runnable");
         })
         .join()
         .unwrap();
     }
 
     #[test]
-    fn the_watchdog_returns_idle_threads_to_normal_when_work_shows_up() {
-        // The tests run as root, or at least with CAP_SYS_NICE.
-        assert!(can_wait_idle(), "a thread may not return from SCHED_IDLE");
-        let shared = Bouncing::new(1);
+    fn the_watchdog_returns_a_thread_kept_off_its_cpu_to_normal() {
+        // Going back to the normal policy needs CAP_SYS_NICE or an
+        // RLIMIT_NICE allowing it; the tests run as root.
+        assert!(can_wait_idle(), "this process may not leave SCHED_IDLE");
+        let shared = Bouncing::with_max_running(1, 1);
         let watchdog = shared.start_watchdog().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
+        shared.turn_on();
         let s2 = Arc::clone(&shared);
-        let waiter = std::thread::spawn(move || {
-            // Goes idle by hand (the machine may be busy), as a waiting
-            // ring thread does, and waits.
+        // Flagged as waiting idle, but runnable all along, on a CPU a
+        // thread under the normal policy keeps busy: as a thread woken for
+        // a request and kept off its CPU.
+        let cpu = 0;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = Arc::clone(&stop);
+        let busy = std::thread::spawn(move || {
+            crate::ring::pin_to_cpu(cpu);
+            while !stop2.load(Ordering::Relaxed) {}
+        });
+        let kept_off = std::thread::spawn(move || {
+            crate::ring::pin_to_cpu(cpu);
             assert!(set_policy_of(0, libc::SCHED_IDLE));
             // SAFETY: a plain query of the calling thread.
             s2.idle[0]
                 .0
                 .store(unsafe { libc::gettid() }, Ordering::Release);
-            tx.send(()).unwrap();
-            std::thread::park();
-            let p = policy();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while policy() == libc::SCHED_IDLE && Instant::now() < deadline {}
             s2.idle[0].0.store(0, Ordering::Release);
-            p
+            policy()
         });
-        rx.recv().unwrap();
-        shared.turn_on();
-        // Busy threads beyond what an idle wait allows.
-        let stop = Arc::new(AtomicBool::new(false));
-        let busy: Vec<_> = (0..shared.max_running + 2)
-            .map(|_| {
-                let stop = Arc::clone(&stop);
-                std::thread::spawn(move || while !stop.load(Ordering::Relaxed) {})
-            })
-            .collect();
-        std::thread::sleep(Duration::from_millis(200));
+        let back = kept_off.join().unwrap();
         stop.store(true, Ordering::Relaxed);
-        busy.into_iter().for_each(|t| t.join().unwrap());
-        waiter.thread().unpark();
-        assert_eq!(waiter.join().unwrap(), libc::SCHED_OTHER);
-        // Other work twice in a row: no more idle waits for now.
+        busy.join().unwrap();
+        assert_eq!(back, libc::SCHED_OTHER);
+        // Other work: no more idle waits until callers bounce again.
         assert!(!shared.on());
         shared.stop();
         watchdog.join().unwrap();

@@ -12,7 +12,7 @@
 
 use crate::Error;
 use crate::abi::{Args, IN_HEADER_LEN, InHeader, OUT_HEADER_LEN};
-use crate::idle_wait::{Bouncing, IdleWait, can_wait_idle};
+use crate::idle_wait::{Bouncing, IDLE_WAIT_MAX, IdleWait, can_wait_idle};
 use io_uring::{IoUring, cqueue, opcode, squeue::Entry128, types};
 use std::cell::UnsafeCell;
 use std::io;
@@ -517,15 +517,24 @@ impl Queue {
             if completed.is_empty() {
                 // The answers wake their callers: committed idle, they
                 // stay on this CPU (see `idle_wait`).
-                if let Some(iw) = &mut idle_wait {
-                    iw.before_wait();
-                }
-                let waited = self.ring.submit_and_wait(1);
+                let idle = idle_wait.as_mut().is_some_and(|iw| iw.before_wait());
+                let waited = if idle {
+                    let ts = types::Timespec::from(IDLE_WAIT_MAX);
+                    let args = types::SubmitArgs::new().timespec(&ts);
+                    self.ring.submitter().submit_with_args(1, &args)
+                } else {
+                    self.ring.submit_and_wait(1)
+                };
                 if let Some(iw) = &mut idle_wait
                     && !iw.after_wait()
                 {
                     idle_wait = None;
                 }
+                // An idle wait that ended without a request: look again.
+                let waited = match waited {
+                    Err(e) if e.raw_os_error() == Some(libc::ETIME) => Ok(0),
+                    w => w,
+                };
                 match waited {
                     Ok(_) => {}
                     Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
@@ -616,7 +625,7 @@ impl Queue {
     }
 }
 
-fn pin_to_cpu(cpu: usize) {
+pub(crate) fn pin_to_cpu(cpu: usize) {
     // SAFETY: a zeroed cpu_set_t is empty; CPU_SET stays inside it for any
     // CPU below its size, which the check ensures.
     unsafe {

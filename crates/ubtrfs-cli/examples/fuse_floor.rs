@@ -407,7 +407,8 @@ impl fuser::Filesystem for Floor {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        // As ubtrfs: the kernel stops sending FLUSH.
+        reply.error(Errno::ENOSYS);
     }
 
     fn release(
@@ -632,11 +633,9 @@ impl RingFloor {
                     }
                 }
             }
-            opcode::FLUSH
-            | opcode::RELEASE
-            | opcode::RELEASEDIR
-            | opcode::FSYNC
-            | opcode::FSYNCDIR => {}
+            // As ubtrfs: the kernel stops sending FLUSH.
+            opcode::FLUSH => return Err(Errno::ENOSYS),
+            opcode::RELEASE | opcode::RELEASEDIR | opcode::FSYNC | opcode::FSYNCDIR => {}
             opcode::STATFS => {
                 let files = g.nodes.len() as u64;
                 out.u64(1 << 30)

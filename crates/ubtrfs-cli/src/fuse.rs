@@ -1153,11 +1153,14 @@ impl FuseFs {
         _lock_owner: LockOwner,
         reply: R,
     ) {
-        // Called on every close(2), after the kernel has written back the
-        // file's dirty pages (writeback cache); the adapter buffers nothing
-        // of its own. Making it durable is fsync's job (close does not
-        // promise that).
-        reply.ok();
+        // Sent on every close(2), after the kernel has written back the
+        // file's dirty pages and waited for their WRITEs (writeback cache),
+        // which are answered only once done. Nothing is left for it: no
+        // buffers of the adapter's own, no POSIX locks (they stay with the
+        // kernel), and durability is fsync's job. ENOSYS makes the kernel
+        // stop sending it (it still writes back first), which spares every
+        // close a round trip.
+        reply.error(Errno::ENOSYS);
     }
     pub(super) fn on_fsync<R: EmptyReply>(
         &self,

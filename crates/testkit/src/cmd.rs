@@ -48,10 +48,7 @@ pub fn run(cmd: &mut Command) -> Result<String> {
 /// Like [`run`], returning stdout as raw bytes.
 pub fn run_bytes(cmd: &mut Command) -> Result<Vec<u8>> {
     let shown = format!("{cmd:?}");
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("cannot start {shown}"))?;
+    let out = output_of(cmd).with_context(|| format!("cannot start {shown}"))?;
     if !out.status.success() {
         bail!(
             "{shown} failed ({}):\n--- stderr ---\n{}--- stdout ---\n{}",
@@ -61,6 +58,26 @@ pub fn run_bytes(cmd: &mut Command) -> Result<Vec<u8>> {
         );
     }
     Ok(out.stdout)
+}
+
+/// Runs `cmd` (stdin from /dev/null) and collects its output.
+///
+/// `btrfs check` looks whether its image is mounted through every loop
+/// device; one that another test detaches meanwhile fails it with "could
+/// not check mount status" before it checked anything. Such a run is
+/// repeated, a few times at most.
+pub fn output_of(cmd: &mut Command) -> std::io::Result<std::process::Output> {
+    cmd.stdin(Stdio::null());
+    let mut out = cmd.output()?;
+    for _ in 0..3 {
+        let raced = String::from_utf8_lossy(&out.stderr).contains("could not check mount status");
+        if out.status.success() || !raced {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        out = cmd.output()?;
+    }
+    Ok(out)
 }
 
 /// Run `program` with `args` (see [`run`]).

@@ -377,13 +377,13 @@ pub fn mkfs_devices_with_files(
 /// `btrfs check --readonly [ARGS] IMG` of a single-device image file: an
 /// error, with all it printed, unless it exits 0 saying "no error found".
 pub fn btrfs_check_file(img: &Path, args: &[&str]) -> Result<()> {
-    let out = command("btrfs")
-        .args(["check", "--readonly"])
-        .args(args)
-        .arg(img)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .context("run btrfs check")?;
+    let out = crate::cmd::output_of(
+        command("btrfs")
+            .args(["check", "--readonly"])
+            .args(args)
+            .arg(img),
+    )
+    .context("run btrfs check")?;
     let text =
         String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
     if !(out.status.success() && text.contains("no error found")) {

@@ -46,7 +46,8 @@ pub mod sys;
 mod tmp;
 
 pub use cmd::{
-    command, privileged_required, privileged_unavailable, run, run_args, run_bytes, which,
+    command, output_of, privileged_required, privileged_unavailable, run, run_args, run_bytes,
+    which,
 };
 pub use compare::{CompareOptions, compare_trees, compare_trees_with};
 pub use corpus::{

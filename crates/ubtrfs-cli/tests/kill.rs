@@ -607,12 +607,13 @@ fn diff_trees(a: &Tree, b: &Tree) -> Vec<String> {
 }
 
 fn check_image(img: &Path) {
-    let out = Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(img)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run btrfs check");
+    let out = testkit::output_of(
+        Command::new("btrfs")
+            .args(["check", "--readonly"])
+            .arg(img)
+            .stdin(Stdio::null()),
+    )
+    .expect("run btrfs check");
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

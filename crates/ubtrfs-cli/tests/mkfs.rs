@@ -93,10 +93,7 @@ impl Attached {
                 .expect("btrfs device scan");
             assert!(out.status.success(), "btrfs device scan: {}", show(&out));
         }
-        let out = command("btrfs")
-            .args(["check", "--readonly"])
-            .arg(devs[0])
-            .output()
+        let out = testkit::output_of(command("btrfs").args(["check", "--readonly"]).arg(devs[0]))
             .expect("btrfs check runs");
         let text = show(&out);
         assert!(out.status.success(), "btrfs check failed: {text}");

@@ -52,11 +52,8 @@ fn run(cmd: &mut Command) -> String {
 }
 
 fn check(img: &Path, when: &str) {
-    let out = Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(img)
-        .output()
-        .unwrap();
+    let out =
+        testkit::output_of(Command::new("btrfs").args(["check", "--readonly"]).arg(img)).unwrap();
     let text = show(&out);
     assert!(
         out.status.success() && text.contains("no error found") && !text.contains("ERROR"),

@@ -28,11 +28,12 @@ fn mkfs(dir: &Path, args: &[&str], n: usize, size: u64) -> Vec<PathBuf> {
 }
 
 fn check(imgs: &[PathBuf]) {
-    let out = Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(&imgs[0])
-        .output()
-        .expect("btrfs check runs");
+    let out = testkit::output_of(
+        Command::new("btrfs")
+            .args(["check", "--readonly"])
+            .arg(&imgs[0]),
+    )
+    .expect("btrfs check runs");
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

@@ -37,12 +37,13 @@ fn mkfs(dir: &Path, name: &str) -> PathBuf {
 
 /// `btrfs check` (with `args`) passes on `img`.
 fn check(img: &Path, args: &[&str]) {
-    let out = Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .args(args)
-        .arg(img)
-        .output()
-        .unwrap();
+    let out = testkit::output_of(
+        Command::new("btrfs")
+            .args(["check", "--readonly"])
+            .args(args)
+            .arg(img),
+    )
+    .unwrap();
     assert!(
         out.status.success(),
         "btrfs check {}: {}",

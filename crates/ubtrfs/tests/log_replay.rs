@@ -954,11 +954,12 @@ fn run_setup(t: &TestDir, s: &Setup) {
         &stamped(lib_snapshot(&fs), since),
     );
     drop(fs);
-    let check = std::process::Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(&uimg)
-        .output()
-        .unwrap();
+    let check = testkit::output_of(
+        std::process::Command::new("btrfs")
+            .args(["check", "--readonly"])
+            .arg(&uimg),
+    )
+    .unwrap();
     let text = String::from_utf8_lossy(&check.stderr).into_owned()
         + &String::from_utf8_lossy(&check.stdout);
     assert!(
@@ -994,11 +995,12 @@ fn run_setup(t: &TestDir, s: &Setup) {
         }
         fs.commit().unwrap();
     }
-    let check = std::process::Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(&uimg)
-        .output()
-        .unwrap();
+    let check = testkit::output_of(
+        std::process::Command::new("btrfs")
+            .args(["check", "--readonly"])
+            .arg(&uimg),
+    )
+    .unwrap();
     assert!(
         check.status.success(),
         "{}: btrfs check after writing on the replayed image:\n{}{}",

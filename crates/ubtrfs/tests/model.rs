@@ -1127,11 +1127,12 @@ fn btrfs_check_devices(imgs: &[PathBuf]) -> Result<(), String> {
             Err(e) => return Err(format!("{e:#}")),
         }
     } else {
-        let out = Command::new("btrfs")
-            .args(["check", "--readonly"])
-            .arg(&imgs[0])
-            .output()
-            .expect("btrfs check runs");
+        let out = testkit::output_of(
+            Command::new("btrfs")
+                .args(["check", "--readonly"])
+                .arg(&imgs[0]),
+        )
+        .expect("btrfs check runs");
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),

@@ -52,11 +52,12 @@ fn data_and_holes() {
         want.extend_from_slice(&[2; 4096]);
         assert_eq!(fs.read_all(id).unwrap(), want);
         drop(fs);
-        let out = Command::new("btrfs")
-            .args(["check", "--readonly"])
-            .arg(&img)
-            .output()
-            .unwrap();
+        let out = testkit::output_of(
+            Command::new("btrfs")
+                .args(["check", "--readonly"])
+                .arg(&img),
+        )
+        .unwrap();
         assert!(
             out.status.success(),
             "{features}: {}",

@@ -471,11 +471,8 @@ fn run(cmd: &mut Command) -> String {
 
 /// `btrfs check --readonly` must find nothing.
 fn check(img: &Path, when: &str) {
-    let out = Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(img)
-        .output()
-        .unwrap();
+    let out =
+        testkit::output_of(Command::new("btrfs").args(["check", "--readonly"]).arg(img)).unwrap();
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -497,6 +497,11 @@ impl Filesystem {
         if !last || self.writer.is_none() {
             return Ok(false);
         }
+        self.has_orphan_item(id)
+    }
+
+    /// Whether `id` has an orphan item (no names left, kept while used).
+    fn has_orphan_item(&self, id: InodeId) -> Result<bool> {
         let key = Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, id.ino);
         Ok(self.fs_tree(id.subvol)?.get(&key)?.is_some())
     }
@@ -504,13 +509,10 @@ impl Filesystem {
     /// The second half of [`Filesystem::release_inode`]: deletes orphan
     /// `id` unless it is in use again or gone already.
     pub fn delete_closed_orphan(&self, id: InodeId) -> Result<()> {
-        if self.writer.is_none() || self.open_count(id) > 0 {
+        if self.writer.is_none() || self.open_count(id) > 0 || !self.has_orphan_item(id)? {
             return Ok(());
         }
         let key = Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, id.ino);
-        if self.fs_tree(id.subvol)?.get(&key)?.is_none() {
-            return Ok(());
-        }
         let mut w = self.writer_deleting()?;
         self.modify_tree(&mut w, id.subvol, |ed, root| ed.delete(root, key))?;
         self.delete_inode_now(&mut w, id)
@@ -599,8 +601,6 @@ pub(crate) fn remove_dir_item_name(
 #[cfg(test)]
 mod tests {
     use crate::Error;
-    use crate::format::Key;
-    use crate::format::consts::{ORPHAN_ITEM_KEY, ORPHAN_OBJECTID};
     use crate::fs::{InodeId, NewInode};
     use crate::test_fs::TestFs;
 
@@ -614,16 +614,6 @@ mod tests {
         t.fs().create(t.fs().root(), name, new).unwrap().id
     }
 
-    fn has_orphan_item(t: &TestFs, id: InodeId) -> bool {
-        let key = Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, id.ino);
-        t.fs()
-            .fs_tree(id.subvol)
-            .unwrap()
-            .get(&key)
-            .unwrap()
-            .is_some()
-    }
-
     #[test]
     fn the_last_close_of_an_unlinked_file_tells_and_deletes_it() {
         let t = TestFs::new();
@@ -633,7 +623,7 @@ mod tests {
         t.fs().hold_inode(id);
         t.fs().hold_inode(id);
         t.fs().unlink(t.fs().root(), b"a").unwrap();
-        assert!(has_orphan_item(&t, id));
+        assert!(t.fs().has_orphan_item(id).unwrap());
         assert!(!t.fs().close_inode(id).unwrap(), "one user left");
         assert!(
             t.fs().close_inode(id).unwrap(),
@@ -647,7 +637,7 @@ mod tests {
         assert!(t.fs().close_inode(id).unwrap());
         t.fs().delete_closed_orphan(id).unwrap();
         assert!(matches!(t.fs().stat(id), Err(Error::NotFound(_))));
-        assert!(!has_orphan_item(&t, id));
+        assert!(!t.fs().has_orphan_item(id).unwrap());
         // Twice is harmless.
         t.fs().delete_closed_orphan(id).unwrap();
         t.fs().commit().unwrap();

@@ -1236,6 +1236,49 @@ fn fsync_settles_st_blocks() {
     m.unmount_cleanly();
 }
 
+/// An fsync when metadata space is down to its reserve answers, and the
+/// mount goes on: files can still be removed, and the last commit at
+/// unmount succeeds.
+#[test]
+fn fsync_on_full_metadata_keeps_the_mount() {
+    require_privileged!();
+    let t = TestDir::new("mount-rw-full-fsync").unwrap();
+    let img = common::new_image(&t, "disk.img", 128 << 20);
+    let m = RwMount::start(&img, &t.join("fuse"), &NO_TIMER);
+    let value = vec![b'x'; 3000];
+    let mut made = Vec::new();
+    // Names with big xattrs until metadata runs out (each is a
+    // synchronous request, so ENOSPC comes back here).
+    let full = (0..100_000).find_map(|i| {
+        let p = m.path().join(format!("f{i:05}"));
+        let r = File::create(&p).and_then(|_| sys::set_xattr(&p, "user.fill", &value));
+        match r {
+            Ok(()) => {
+                made.push(p);
+                None
+            }
+            Err(e) => Some(e),
+        }
+    });
+    let e = full.expect("100,000 files with 3,000-byte xattrs fit in 128 MiB");
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "filling up: {e}");
+    assert!(made.len() > 1000, "only {} files fit", made.len());
+    // It commits, as the kernel does when it cannot log; ENOSPC at worst.
+    if let Err(e) = File::open(&made[0]).and_then(|f| f.sync_all()) {
+        assert_eq!(
+            e.raw_os_error(),
+            Some(libc::ENOSPC),
+            "fsync on a full filesystem: {e}"
+        );
+    }
+    // The mount still takes changes.
+    for p in &made[..100] {
+        fs::remove_file(p).unwrap_or_else(|e| panic!("removing {}: {e}", p.display()));
+    }
+    m.unmount_cleanly();
+    check_image(&img);
+}
+
 /// With the writeback cache, fsync still makes data durable: the kernel
 /// writes the dirty pages back first. What was written after is lost on
 /// SIGKILL, as after a crash.

@@ -475,6 +475,9 @@ pub struct Writer {
     pub(crate) log: Option<crate::tree_log::LogTree>,
     /// Check each incremental log against one made from scratch (tests).
     pub(crate) log_self_check: bool,
+    /// Logging failed beside readers, where the half-changed log could
+    /// not be dropped: every fsync commits until a commit drops it.
+    pub(crate) log_broken: bool,
     /// Names removed (renames, unlinks) since the log's names were last
     /// brought up to date: (subvolume, directory, inode it named, entry
     /// index). The
@@ -668,6 +671,7 @@ impl Filesystem {
             csum_stats: Default::default(),
             log: None,
             log_self_check: false,
+            log_broken: false,
             removed_names: Vec::new(),
             new_chunks: Vec::new(),
         }));
@@ -852,6 +856,8 @@ impl Filesystem {
         // Block groups emptied by an earlier commit go in this one, even
         // when nothing else changed.
         let unused = self.unused_groups(w);
+        // Without a log there is nothing half changed; with one, it goes below.
+        w.log_broken = false;
         if !w.is_dirty() && unused.is_empty() {
             return Ok(());
         }

@@ -1,13 +1,15 @@
 //! An fsync waits for the device without the change lock
 //! ([`Filesystem::fsync_start`], then `wait`): other changes, a commit
 //! among them, go on meanwhile, and the fsync's superblock, older than
-//! that commit's, must then not replace it on disk.
+//! that commit's, must then not replace it on disk. And an fsync in two
+//! steps ([`Filesystem::fsync_prepare`] with readers shut out, then
+//! [`Filesystem::fsync_log`] beside them) logs only what was written back.
 
 use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
 use ubtrfs::fs::{Filesystem, NewInode};
-use ubtrfs::tree_log::Synced;
+use ubtrfs::tree_log::{LogOnly, Synced};
 
 const FILE: NewInode = NewInode {
     mode: libc::S_IFREG | 0o644,
@@ -83,6 +85,61 @@ fn a_commit_while_an_fsync_waits_stays_on_disk() {
     let b = fs.lookup(root, b"b").unwrap().id;
     assert_eq!(fs.read_all(a).unwrap(), b"logged twice by fsync");
     assert_eq!(fs.read_all(b).unwrap(), b"committed");
+    drop(fs);
+    testkit::btrfs_check_file(&crashed, &[]).unwrap();
+}
+
+#[test]
+fn an_fsync_in_two_steps_logs_only_data_written_back() {
+    let dir = testkit::TestDir::new("fsync-two-steps").unwrap();
+    let img = dir.join("disk.img");
+    testkit::mkfs_file(&img, 256 << 20, &[]).unwrap();
+    let fs = Filesystem::open_read_write(&[&img]).unwrap();
+    let root = fs.root();
+    let a = fs.create(root, b"a", FILE).unwrap().id;
+    fs.commit().unwrap();
+    let logged = |fs: &Filesystem, id| match fs.fsync_log(id, false).unwrap() {
+        LogOnly::Started(p) => p.wait().unwrap(),
+        LogOnly::NeedsWriteback => panic!("written back, yet more to write back"),
+        LogOnly::NeedsCommit => panic!("a regular file could not be logged"),
+    };
+
+    fs.write(a, 0, b"first").unwrap();
+    fs.fsync_prepare(a).unwrap();
+    // A write between the steps: its data is not on disk, so the log step
+    // must not name it.
+    fs.write(a, 0, b"second, longer").unwrap();
+    assert!(matches!(
+        fs.fsync_log(a, false).unwrap(),
+        LogOnly::NeedsWriteback
+    ));
+    fs.fsync_prepare(a).unwrap();
+    assert_eq!(logged(&fs, a), Synced::Logged);
+    assert_ne!(superblock(&img).1, 0, "no log root after the fsync");
+
+    // A symlink is not logged: the caller is told to commit, and until a
+    // commit every fsync commits (the log may be half changed).
+    let l = fs.symlink(root, b"l", b"a", 0, 0).unwrap().id;
+    fs.fsync_prepare(l).unwrap();
+    assert!(matches!(
+        fs.fsync_log(l, false).unwrap(),
+        LogOnly::NeedsCommit
+    ));
+    fs.write(a, 0, b"third").unwrap();
+    assert_eq!(fs.fsync(a, false).unwrap(), Synced::Committed);
+    assert_eq!(superblock(&img).1, 0, "the commit left a log root");
+    fs.write(a, 0, b"fourth").unwrap();
+    fs.fsync_prepare(a).unwrap();
+    assert_eq!(logged(&fs, a), Synced::Logged);
+
+    // A crash now: the log is replayed on open.
+    let crashed = dir.join("crashed.img");
+    std::fs::copy(&img, &crashed).unwrap();
+    drop(fs);
+    let fs = Filesystem::open(&[&crashed]).unwrap();
+    let a = fs.lookup(root, b"a").unwrap().id;
+    assert_eq!(fs.read_all(a).unwrap(), b"fourth, longer");
+    assert!(fs.lookup(root, b"l").is_ok());
     drop(fs);
     testkit::btrfs_check_file(&crashed, &[]).unwrap();
 }

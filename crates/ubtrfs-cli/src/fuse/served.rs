@@ -11,7 +11,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use ubtrfs::fs::{Filesystem, InodeId};
-use ubtrfs::tree_log::Synced;
+use ubtrfs::tree_log::{LogOnly, Synced};
 
 /// A [`Filesystem`] and the state around it while it is mounted.
 pub struct Served {
@@ -122,8 +122,10 @@ impl Served {
 
     /// fsync of inode `id` (FUSE inode `ino`): logged when the library
     /// can, else the running transaction is committed. A failure is
-    /// handled as a failed commit. Other changes go on while the device
-    /// makes the log durable.
+    /// handled as a failed commit. Readers are shut out only while the
+    /// file's data is written back; they go on while the log is written
+    /// (changes wait), and every change goes on while the device makes
+    /// it durable.
     pub fn fsync(&self, id: InodeId, ino: INodeNo, datasync: bool) -> Result<(), Errno> {
         if !self.writable {
             return Ok(());
@@ -131,12 +133,69 @@ impl Served {
         // The previous fsync's turn is waited for here, not with every
         // other change shut out.
         let _turn = self.fsync_turn.lock().unwrap_or_else(|e| e.into_inner());
+        let (before, taken) = {
+            let alone = self.lock.write().unwrap_or_else(|e| e.into_inner());
+            if let Some(answer) = self.closed_answer() {
+                return answer;
+            }
+            let before = self.fs.stat(id).map(|s| s.nbytes).ok();
+            match self.fs.fsync_prepare(id) {
+                Ok(()) => {}
+                Err(ubtrfs::Error::NotFound(_)) => return Err(Errno::ENOENT),
+                // Out of metadata space, say: the whole fsync, which
+                // commits when it cannot log, decides.
+                Err(_) => {
+                    drop(alone);
+                    return self.fsync_alone(id, ino, datasync, before);
+                }
+            }
+            // This file's data is written back now; what is written from
+            // here on is not, and stays noted for the next commit.
+            let taken = self.touched().take(&ino.0);
+            drop(alone);
+            (before, taken)
+        };
+        let shared = self.lock.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(answer) = self.closed_answer() {
+            return answer;
+        }
+        let attempt = self.fs.fsync_log(id, datasync);
+        let after = self.fs.stat(id).map(|s| s.nbytes).ok();
+        drop(shared);
+        match attempt {
+            Ok(LogOnly::Started(pending)) => self.fsync_wait(pending, before == after, taken),
+            // A change came in between: do it all with readers shut out.
+            Ok(LogOnly::NeedsWriteback) => {
+                self.touched().extend(taken);
+                self.fsync_alone(id, ino, datasync, before)
+            }
+            Ok(LogOnly::NeedsCommit) => {
+                self.touched().extend(taken);
+                self.commit("fsync")
+            }
+            Err(ubtrfs::Error::NotFound(_)) => Err(Errno::ENOENT),
+            Err(e) => {
+                let _alone = self.lock.write().unwrap_or_else(|e| e.into_inner());
+                Err(self.failed("fsync", &e))
+            }
+        }
+    }
+
+    /// [`Served::fsync`] with readers shut out until the log is written;
+    /// the caller holds the fsync turn. `before`: the file's byte count
+    /// when the fsync began.
+    fn fsync_alone(
+        &self,
+        id: InodeId,
+        ino: INodeNo,
+        datasync: bool,
+        before: Option<u64>,
+    ) -> Result<(), Errno> {
         let alone = self.lock.write().unwrap_or_else(|e| e.into_inner());
         if let Some(answer) = self.closed_answer() {
             return answer;
         }
         let started = (|| {
-            let before = self.fs.stat(id).map(|s| s.nbytes).ok();
             let pending = self.fs.fsync_start(id, datasync)?;
             let after = self.fs.stat(id).map(|s| s.nbytes).ok();
             Ok((pending, before == after))
@@ -146,12 +205,21 @@ impl Served {
             Err(ubtrfs::Error::NotFound(_)) => return Err(Errno::ENOENT),
             Err(e) => return Err(self.failed("fsync", &e)),
         };
-        // This file's data is written back now; what is written from here
-        // on is not, and stays noted for the next commit.
         let taken = self.touched().take(&ino.0);
         drop(alone);
-        let done = pending.wait_for_device();
-        let how = match done {
+        self.fsync_wait(pending, same_size, taken)
+    }
+
+    /// Wait for the device to make a started fsync durable, then drop
+    /// what the kernel caches of the files whose data went to disk
+    /// (`taken`: this file, if its data changed since the last commit).
+    fn fsync_wait(
+        &self,
+        pending: ubtrfs::tree_log::PendingSync<'_>,
+        same_size: bool,
+        taken: Option<u64>,
+    ) -> Result<(), Errno> {
+        let how = match pending.wait_for_device() {
             // The kernel's cached attributes of the file go stale only if
             // writing its data back changed its byte count (an overwrite in
             // place does not): else keep them, and spare the next write a

@@ -145,6 +145,12 @@ impl InFlight {
         s.extents.is_empty() && s.failed.is_none()
     }
 
+    /// Whether inode `owner` has data in flight, or a write failed.
+    pub fn has(&self, owner: InodeId) -> bool {
+        let s = self.shared.lock();
+        s.failed.is_some() || s.extents.values().any(|e| e.owner == owner)
+    }
+
     /// Whether at most `limit` bytes are queued or being written.
     pub fn has_room(&self, limit: u64) -> bool {
         self.shared.lock().unwritten <= limit

@@ -27,7 +27,7 @@ mod write;
 
 pub(crate) use log_tree::LogTree;
 pub use replay::ReplaySummary;
-pub use write::Synced;
+pub use write::{LogOnly, PendingSync, Synced};
 
 use crate::format::consts::ROOT_TREE_OBJECTID;
 use crate::fs::Filesystem;

@@ -47,6 +47,17 @@ pub enum Synced {
     Committed,
 }
 
+/// What [`Filesystem::fsync_log`] could do.
+pub enum LogOnly<'a> {
+    /// The fsync is under way, or had nothing to do: wait for it.
+    Started(PendingSync<'a>),
+    /// Data to write back, or no room for the log: run
+    /// [`Filesystem::fsync_start`] with readers shut out.
+    NeedsWriteback,
+    /// The inode could not be logged: commit ([`Filesystem::commit`]).
+    NeedsCommit,
+}
+
 /// An fsync whose log is written: [`PendingSync::wait`] makes it durable.
 pub struct PendingSync<'a> {
     fs: &'a Filesystem,
@@ -146,20 +157,7 @@ impl Filesystem {
             drop(w);
             return pending(Pending::Done(Synced::Nothing), turn);
         }
-        // What the last fsync made durable: the blocks its log replaced
-        // are free now.
-        let durable = self
-            .log_durable
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(root) = durable {
-            let Writer { log, blocks, .. } = &mut *w;
-            // Gone if a commit came in between: it freed the log then.
-            if let Some(log) = log.as_mut() {
-                log.synced(root, &mut blocks.alloc)?;
-            }
-        }
+        self.take_durable(&mut w)?;
         let logged = self.writeback(&mut w, id).and_then(|()| {
             // The log copies the file's checksums and needs its data on disk.
             self.finish_in_flight(&mut w, Some(id), true)?;
@@ -186,6 +184,78 @@ impl Filesystem {
                 pending(Pending::Done(Synced::Committed), turn)
             }
         }
+    }
+
+    /// The part of an fsync that changes the trees readers see: write
+    /// inode `id`'s dirty data back and make room for the log. Then
+    /// [`Filesystem::fsync_log`] may run beside readers.
+    pub fn fsync_prepare(&self, id: InodeId) -> Result<()> {
+        let mut w = self.lock_writer()?;
+        self.writeback(&mut w, id)?;
+        self.finish_in_flight(&mut w, Some(id), true)?;
+        self.reserve_metadata(&mut w, false)
+    }
+
+    /// [`Filesystem::fsync_start`] for a file [`Filesystem::fsync_prepare`]
+    /// wrote back: log it without changing any tree a reader sees, so
+    /// readers may run meanwhile (changes must not). Says when it cannot:
+    /// the file has data to write back again or the log needs room (run
+    /// [`Filesystem::fsync_start`] with readers shut out), or the inode
+    /// cannot be logged (commit; until then every fsync commits).
+    pub fn fsync_log(&self, id: InodeId, datasync: bool) -> Result<LogOnly<'_>> {
+        let _ = datasync;
+        self.stat(id)?;
+        let turn = self.log_sync.lock().unwrap_or_else(|e| e.into_inner());
+        let mut w = self.lock_writer()?;
+        let started = |state, turn| {
+            Ok(LogOnly::Started(PendingSync {
+                fs: self,
+                state,
+                _turn: turn,
+            }))
+        };
+        let has_data = self.delalloc().has(id) || self.in_flight.has(id);
+        if !w.is_dirty() && !has_data {
+            drop(w);
+            return started(Pending::Done(Synced::Nothing), turn);
+        }
+        let room = w.blocks.alloc.free_bytes(crate::alloc::SpaceKind::Metadata)
+            >= 2 * self.metadata_reserve();
+        if has_data || !room {
+            return Ok(LogOnly::NeedsWriteback);
+        }
+        self.take_durable(&mut w)?;
+        match self.log_inode(&mut w, id) {
+            Ok(Some(sync)) => {
+                let transid = w.blocks.transid;
+                drop(w);
+                started(Pending::Log { sync, transid }, turn)
+            }
+            Err(e) if w.log_self_check => Err(e),
+            // The log may be half changed: only a commit may drop it.
+            Ok(None) | Err(_) => {
+                w.log_broken = true;
+                Ok(LogOnly::NeedsCommit)
+            }
+        }
+    }
+
+    /// What the last fsync made durable: the blocks its log replaced are
+    /// free now.
+    fn take_durable(&self, w: &mut Writer) -> Result<()> {
+        let durable = self
+            .log_durable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(root) = durable {
+            let Writer { log, blocks, .. } = w;
+            // Gone if a commit came in between: it freed the log then.
+            if let Some(log) = log.as_mut() {
+                log.synced(root, &mut blocks.alloc)?;
+            }
+        }
+        Ok(())
     }
 
     /// Whether the log may take more metadata space: the commit that
@@ -229,6 +299,9 @@ impl Filesystem {
     /// names that must come with it, and write the log. `None` if the
     /// inode cannot be logged: the caller commits.
     fn log_inode(&self, w: &mut Writer, id: InodeId) -> Result<Option<LogSync>> {
+        if w.log_broken {
+            return Ok(None);
+        }
         let Some(old_root) = self.committed_root(w, id.subvol)? else {
             return Ok(None);
         };

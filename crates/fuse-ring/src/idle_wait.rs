@@ -331,6 +331,14 @@ impl Drop for IdleWait {
     }
 }
 
+/// Whether a request with `opcode` is served without leaving `SCHED_IDLE`:
+/// nobody waits for the answer to a release, so it runs when the CPU has
+/// nothing else, and does not stand between the caller and its CPU.
+pub(crate) fn served_idle(opcode: u32) -> bool {
+    use crate::abi::opcode::{RELEASE, RELEASEDIR};
+    matches!(opcode, RELEASE | RELEASEDIR)
+}
+
 /// Runnable threads on the machine, the caller included (the fourth
 /// field of `/proc/loadavg`, "running/total").
 fn running(loadavg: &File) -> Option<u32> {
@@ -371,6 +379,17 @@ mod tests {
     fn policy() -> libc::c_int {
         // SAFETY: a plain query of the calling thread.
         unsafe { libc::sched_getscheduler(0) }
+    }
+
+    #[test]
+    fn only_requests_nobody_waits_for_are_served_idle() {
+        use crate::abi::opcode::*;
+        assert!(served_idle(RELEASE) && served_idle(RELEASEDIR));
+        for op in [
+            LOOKUP, GETATTR, SETATTR, CREATE, OPEN, READ, WRITE, FSYNC, FLUSH, UNLINK,
+        ] {
+            assert!(!served_idle(op), "opcode {op} answers a waiting caller");
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@
 
 use crate::Error;
 use crate::abi::{Args, IN_HEADER_LEN, InHeader, OUT_HEADER_LEN};
-use crate::idle_wait::{Bouncing, IDLE_WAIT_MAX, IdleWait, can_wait_idle};
+use crate::idle_wait::{Bouncing, IDLE_WAIT_MAX, IdleWait, can_wait_idle, served_idle};
 use io_uring::{IoUring, cqueue, opcode, squeue::Entry128, types};
 use std::cell::UnsafeCell;
 use std::io;
@@ -525,11 +525,6 @@ impl Queue {
                 } else {
                     self.ring.submit_and_wait(1)
                 };
-                if let Some(iw) = &mut idle_wait
-                    && !iw.after_wait()
-                {
-                    idle_wait = None;
-                }
                 // An idle wait that ended without a request: look again.
                 let waited = match waited {
                     Err(e) if e.raw_os_error() == Some(libc::ETIME) => Ok(0),
@@ -541,6 +536,14 @@ impl Queue {
                     Err(e) => return Err(e),
                 }
                 completed.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+                // Nothing came: back to normal, so that a thread stays
+                // idle (and watched) only while callers bounce.
+                if completed.is_empty()
+                    && let Some(iw) = &mut idle_wait
+                    && !iw.after_wait()
+                {
+                    idle_wait = None;
+                }
             } else {
                 self.ring.submit()?;
             }
@@ -555,6 +558,9 @@ impl Queue {
                         let entry = self.arrived(index);
                         if let Some(iw) = &mut idle_wait {
                             iw.saw(entry.header.pid);
+                            if !served_idle(entry.header.opcode) && !iw.after_wait() {
+                                idle_wait = None;
+                            }
                         }
                         // A panicking handler drops the entry, which
                         // answers EIO; the queue goes on.

@@ -1753,6 +1753,13 @@ impl FuseFs {
                     Err(e) => reply.error(e),
                 }
             }
+            // `btrfs filesystem sync`, `ubtrfs sync`: the kernel never sends
+            // FUSE_SYNCFS to a mount like this one (only to virtiofs), so
+            // syncfs(2) writes back to the mount but cannot make it commit.
+            BTRFS_IOC_SYNC => match self.served.commit("sync") {
+                Ok(()) => reply.ioctl(0, &[]),
+                Err(e) => reply.error(e),
+            },
             // The kernel reads the extended attributes too before a change.
             FS_IOC_FSGETXATTR => match self.served.read(|fs| fs.stat(id)) {
                 Ok(st) => {
@@ -1770,6 +1777,8 @@ impl FuseFs {
 /// `FS_IOC_GETFLAGS` / `FS_IOC_SETFLAGS` (the long-sized encoding).
 const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
 const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+/// `BTRFS_IOC_SYNC`, `_IO(0x94, 8)`: commit the running transaction.
+pub const BTRFS_IOC_SYNC: u32 = 0x9408;
 /// `FS_IOC_FSGETXATTR` (struct fsxattr, 28 bytes).
 const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
 

@@ -37,6 +37,8 @@ enum Command {
     Mount(cmd::mount::Args),
     /// Unmount a FUSE mount and wait for its last commit.
     Umount(cmd::umount::Args),
+    /// Write back and commit a FUSE mount (`btrfs filesystem sync`).
+    Sync(cmd::sync::Args),
     /// Make a new filesystem on one or more devices or image files.
     Mkfs(Box<cmd::mkfs::Args>),
     /// Look at on-disk structures.
@@ -56,6 +58,7 @@ fn main() -> ExitCode {
         Command::Restore(args) => cmd::restore::run(args, cli.verbose),
         Command::Mount(args) => cmd::mount::run(args),
         Command::Umount(args) => cmd::umount::run(args),
+        Command::Sync(args) => cmd::sync::run(args),
         Command::Mkfs(args) => cmd::mkfs::run(*args),
         Command::Inspect(command) => cmd::inspect::run(command),
         Command::Subvolume(command) => cmd::subvolume::run(command),

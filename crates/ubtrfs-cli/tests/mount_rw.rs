@@ -1572,6 +1572,57 @@ fn exited(pid: u64) -> bool {
     }
 }
 
+/// `ubtrfs sync` makes everything durable, the pages of a file still open
+/// in the kernel's cache included (`syncfs(2)` alone cannot: the kernel
+/// sends a FUSE mount no FUSE_SYNCFS); `btrfs filesystem sync` commits what
+/// reached the mount. Neither needs an unmount: the process is killed.
+#[test]
+fn sync_command_commits() {
+    require_privileged!();
+    let t = TestDir::new("mount-rw-sync").unwrap();
+    let img = new_image(&t);
+    let m = RwMount::start(&img, &t.join("fuse"), &NO_TIMER);
+    let closed = pattern(300_000, 60);
+    fs::write(m.path().join("closed"), &closed).unwrap();
+    run(command("btrfs").args(["filesystem", "sync"]).arg(m.path())).unwrap();
+    let gen_after_btrfs_sync = superblock_generation(&img);
+    let open_data = pattern(2 << 20, 61);
+    let mut f = File::create(m.path().join("open")).unwrap();
+    f.write_all(&open_data).unwrap();
+    let out = Command::new(ubtrfs_bin())
+        .arg("sync")
+        .arg(m.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "ubtrfs sync: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        superblock_generation(&img) > gen_after_btrfs_sync,
+        "ubtrfs sync wrote no superblock"
+    );
+    m.kill();
+    drop(f);
+    check_image(&img);
+    let kernel = Mount::single(&img, &t.join("kernel"), "ro").unwrap();
+    assert_eq!(fs::read(kernel.path().join("closed")).unwrap(), closed);
+    assert_eq!(fs::read(kernel.path().join("open")).unwrap(), open_data);
+    drop(kernel);
+    // Not a ubtrfs mount: refused, non-zero, saying why.
+    let out = Command::new(ubtrfs_bin())
+        .arg("sync")
+        .arg(t.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("not mounted"),
+        "{err}"
+    );
+}
+
 /// `ubtrfs umount`: waits for a daemon mount's process to commit and exit;
 /// refuses what is not a ubtrfs mount.
 #[test]

@@ -9,6 +9,7 @@ pub mod mkfs;
 pub mod mount;
 pub mod restore;
 pub mod subvolume;
+pub mod sync;
 pub mod umount;
 
 use anyhow::{Context, Result, bail};

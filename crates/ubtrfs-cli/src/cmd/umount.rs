@@ -5,7 +5,7 @@
 //! serving it ([`crate::fuse::control`]); that is how a ubtrfs mount is
 //! told from any other and how the process is found. Before unmounting,
 //! the mount's dirty pages are written back (`syncfs`) and its transaction
-//! committed (`fsync` of the root), so a failing commit is reported here.
+//! committed (`BTRFS_IOC_SYNC`), so a failing commit is reported here.
 //! The unmount itself is `umount(2)` as root, else `fusermount3 -u`.
 
 use crate::fuse::control;
@@ -139,7 +139,7 @@ pub fn run(args: Args) -> Result<()> {
 
 /// `path` made absolute without touching it (a dead FUSE mount cannot be
 /// looked at).
-fn absolute(path: &Path) -> Result<PathBuf> {
+pub(crate) fn absolute(path: &Path) -> Result<PathBuf> {
     if let Ok(p) = path.canonicalize() {
         return Ok(p);
     }
@@ -147,12 +147,13 @@ fn absolute(path: &Path) -> Result<PathBuf> {
 }
 
 /// What the mount says about itself.
-struct Info {
-    pid: libc::pid_t,
-    rw: bool,
+pub(crate) struct Info {
+    pub pid: libc::pid_t,
+    pub rw: bool,
 }
 
-fn server_info(mp: &Path) -> std::io::Result<Info> {
+/// Ask the mount at `mp` who serves it; fails if it is not ubtrfs.
+pub(crate) fn server_info(mp: &Path) -> std::io::Result<Info> {
     let dir = std::fs::File::open(mp)?;
     let mut buf = [0u8; control::INFO_WORDS * 8];
     // SAFETY: the ioctl writes at most the size encoded in its number,
@@ -183,14 +184,20 @@ fn server_info(mp: &Path) -> std::io::Result<Info> {
     })
 }
 
-/// Write back the mount's dirty pages and commit its transaction.
-fn commit(mp: &Path) -> std::io::Result<()> {
+/// Write back the mount's dirty pages and commit its transaction: the
+/// kernel's `syncfs` only writes back to a FUSE mount (it sends the mount
+/// no FUSE_SYNCFS), then `BTRFS_IOC_SYNC` makes it commit.
+pub(crate) fn commit(mp: &Path) -> std::io::Result<()> {
     let dir = std::fs::File::open(mp)?;
     // SAFETY: a plain syscall on a descriptor open for this scope.
     if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    dir.sync_all()
+    // SAFETY: an ioctl without an argument on a descriptor open for this scope.
+    if unsafe { libc::ioctl(dir.as_raw_fd(), crate::fuse::BTRFS_IOC_SYNC as _) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// `umount(2)` as root, `fusermount3 -u` otherwise.

@@ -30,13 +30,15 @@
 //! found runnable at two looks without having run between (woken, but
 //! kept off its CPU by other work) goes back to the normal policy, and
 //! idle waits end until callers bounce again.
-//! The cost is two policy changes and a read of `/proc/loadavg` a request
-//! (about 4 µs), against 20-30 µs a move.
+//! The cost is two policy changes a request, and a read of `/proc/loadavg`
+//! at most every [`LOAD_FRESH`] (shared by the threads: read at every wait
+//! it took more of the server's time than the handlers of small requests),
+//! against 20-30 µs a move.
 
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
@@ -55,6 +57,10 @@ const WATCH_PERIOD: Duration = Duration::from_millis(5);
 /// should, so a thread without requests is back to normal this long
 /// after callers stop bouncing.
 pub(crate) const IDLE_WAIT_MAX: Duration = Duration::from_millis(50);
+/// How long a running count read from `/proc/loadavg` stands: well under
+/// the watchdog's [`WATCH_PERIOD`], which catches a thread gone idle on a
+/// CPU that got busy meanwhile.
+const LOAD_FRESH: Duration = Duration::from_millis(1);
 
 /// One slot per cache line: slots are written from every CPU.
 #[repr(align(64))]
@@ -79,6 +85,10 @@ pub(crate) struct Bouncing {
     idle: Box<[IdleSlot]>,
     /// Runnable threads on the machine at most for a thread to go idle.
     max_running: u32,
+    /// The last running count read from `/proc/loadavg`, and when
+    /// (microseconds since `epoch`, plus one; 0: never).
+    running: AtomicU32,
+    running_at_us: AtomicU64,
     stop: AtomicBool,
     watchdog: OnceLock<Thread>,
 }
@@ -97,6 +107,8 @@ impl Bouncing {
             until_ms: AtomicU64::new(0),
             idle: (0..threads).map(|_| IdleSlot::default()).collect(),
             max_running,
+            running: AtomicU32::new(0),
+            running_at_us: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             watchdog: OnceLock::new(),
         })
@@ -105,6 +117,20 @@ impl Bouncing {
     fn now_ms(&self) -> u64 {
         // Never 0, which means "off".
         self.epoch.elapsed().as_millis() as u64 + 1
+    }
+
+    /// Runnable threads on the machine, as read from `loadavg` (this
+    /// thread's open `/proc/loadavg`) or by any thread within [`LOAD_FRESH`].
+    fn running_now(&self, loadavg: &File) -> Option<u32> {
+        let now = self.epoch.elapsed().as_micros() as u64 + 1;
+        let at = self.running_at_us.load(Ordering::Acquire);
+        if at != 0 && now.saturating_sub(at) < LOAD_FRESH.as_micros() as u64 {
+            return Some(self.running.load(Ordering::Relaxed));
+        }
+        let n = running(loadavg)?;
+        self.running.store(n, Ordering::Relaxed);
+        self.running_at_us.store(now, Ordering::Release);
+        Some(n)
     }
 
     /// Whether callers were seen bouncing lately.
@@ -298,7 +324,11 @@ impl IdleWait {
             .filter(|t| t.0.load(Ordering::Relaxed) != 0)
             .count() as u32;
         let allowed = self.shared.max_running + idle_siblings;
-        if running(&self.loadavg).is_none_or(|n| n > allowed) {
+        if self
+            .shared
+            .running_now(&self.loadavg)
+            .is_none_or(|n| n > allowed)
+        {
             return false;
         }
         if set_policy_of(0, libc::SCHED_IDLE) {
@@ -379,6 +409,22 @@ mod tests {
     fn policy() -> libc::c_int {
         // SAFETY: a plain query of the calling thread.
         unsafe { libc::sched_getscheduler(0) }
+    }
+
+    #[test]
+    fn a_running_count_is_read_again_once_stale() {
+        let shared = Bouncing::new(1);
+        let f = File::open("/proc/loadavg").unwrap();
+        let real = shared.running_now(&f).unwrap();
+        assert!((1..100_000).contains(&real), "{real} runnable");
+        // Another thread's fresh reading stands...
+        let now = shared.epoch.elapsed().as_micros() as u64 + 1;
+        shared.running.store(100_000, Ordering::Relaxed);
+        shared.running_at_us.store(now, Ordering::Release);
+        assert_eq!(shared.running_now(&f), Some(100_000));
+        // ...a stale one does not.
+        std::thread::sleep(LOAD_FRESH * 2);
+        assert!(shared.running_now(&f).unwrap() < 100_000);
     }
 
     #[test]

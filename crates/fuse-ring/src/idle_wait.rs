@@ -316,6 +316,11 @@ impl IdleWait {
     /// is runnable, but idle; one kept off its CPU by other work is the
     /// watchdog's to find.
     pub(crate) fn before_wait(&mut self) -> bool {
+        if self.idle && !IDLE_HERE.get() {
+            // A handler left idle ([`leave_idle`]): decide anew.
+            self.shared.idle[self.index].0.store(0, Ordering::Release);
+            self.idle = false;
+        }
         if self.idle || !self.shared.on() {
             return self.idle;
         }
@@ -333,6 +338,7 @@ impl IdleWait {
         }
         if set_policy_of(0, libc::SCHED_IDLE) {
             self.idle = true;
+            IDLE_HERE.set(true);
             self.shared.idle[self.index]
                 .0
                 .store(self.tid, Ordering::Release);
@@ -350,8 +356,26 @@ impl IdleWait {
         }
         self.shared.idle[self.index].0.store(0, Ordering::Release);
         self.idle = false;
-        set_policy_of(0, libc::SCHED_OTHER)
+        leave_idle()
     }
+}
+
+thread_local! {
+    /// This thread runs under `SCHED_IDLE`, put there by its [`IdleWait`].
+    static IDLE_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Back to the normal policy, if this ring thread serves a request under
+/// `SCHED_IDLE` (one nobody waits for, see [`served_idle`]); `false` if it
+/// could not return. A handler calls it before it takes a lock others may
+/// wait for, or does I/O: under `SCHED_IDLE` it could be kept off its CPU
+/// (and its I/O put last) while they wait. Does nothing on other threads.
+pub fn leave_idle() -> bool {
+    if !IDLE_HERE.get() {
+        return true;
+    }
+    IDLE_HERE.set(false);
+    set_policy_of(0, libc::SCHED_OTHER)
 }
 
 impl Drop for IdleWait {
@@ -509,6 +533,31 @@ mod tests {
             busy.turn_on();
             let mut q = IdleWait::for_this_thread(busy, 0, 0..1, 0).unwrap();
             assert!(!q.before_wait(), "this thread alone is one runnable");
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_handler_served_idle_can_leave_idle_and_the_next_wait_is_idle_again() {
+        std::thread::spawn(|| {
+            let shared = Bouncing::with_max_running(1, 1000);
+            shared.turn_on();
+            let mut p = IdleWait::for_this_thread(Arc::clone(&shared), 0, 0..1, 0).unwrap();
+            assert!(leave_idle(), "a thread that is not idle stays as it is");
+            assert_eq!(policy(), libc::SCHED_OTHER);
+            assert!(p.before_wait());
+            assert_eq!(policy(), libc::SCHED_IDLE);
+            // A release served idle needs the lock for changes.
+            assert!(leave_idle());
+            assert_eq!(policy(), libc::SCHED_OTHER);
+            // Its thread then waits idle again, flagged for the watchdog.
+            assert!(p.before_wait());
+            assert_eq!(policy(), libc::SCHED_IDLE);
+            assert_ne!(shared.idle[0].0.load(Ordering::Relaxed), 0);
+            assert!(p.after_wait());
+            assert_eq!(policy(), libc::SCHED_OTHER);
+            assert_eq!(shared.idle[0].0.load(Ordering::Relaxed), 0);
         })
         .join()
         .unwrap();

@@ -21,7 +21,7 @@ pub mod from_fuser;
 pub mod idle_wait;
 pub mod ring;
 
-pub use idle_wait::can_wait_idle;
+pub use idle_wait::{can_wait_idle, leave_idle};
 pub use ring::{Handler, RingConfig, RingEntry, Rings};
 
 use std::path::Path;

@@ -547,6 +547,16 @@ impl Queue {
             } else {
                 self.ring.submit()?;
             }
+            // A request someone waits for, in a batch with a release: all
+            // of it is served under the normal policy.
+            if let Some(iw) = &mut idle_wait
+                && completed
+                    .iter()
+                    .any(|&(d, r)| d != WAKE && r >= 0 && !served_idle(self.opcode_of(d as usize)))
+                && !iw.after_wait()
+            {
+                idle_wait = None;
+            }
             for (data, res) in completed.drain(..) {
                 if data == WAKE {
                     self.push(&wake_read())?;
@@ -558,9 +568,6 @@ impl Queue {
                         let entry = self.arrived(index);
                         if let Some(iw) = &mut idle_wait {
                             iw.saw(entry.header.pid);
-                            if !served_idle(entry.header.opcode) && !iw.after_wait() {
-                                idle_wait = None;
-                            }
                         }
                         // A panicking handler drops the entry, which
                         // answers EIO; the queue goes on.
@@ -605,6 +612,16 @@ impl Queue {
     }
 
     /// The entry at `index` holds a request: hand it out.
+    /// The opcode of the request that arrived in entry `index`.
+    fn opcode_of(&self, index: usize) -> u32 {
+        let Some(bufs) = self.bufs.get(index) else {
+            return 0;
+        };
+        // SAFETY: the kernel is done with the entry until it is committed.
+        let h = unsafe { &*bufs.headers.get() };
+        InHeader::parse(&h[..IN_HEADER_LEN]).opcode
+    }
+
     fn arrived(&self, index: usize) -> RingEntry {
         let bufs = Arc::clone(&self.bufs[index]);
         bufs.answered.store(false, Ordering::Release);

@@ -1127,13 +1127,15 @@ impl FuseFs {
             return reply.ok();
         }
         // The last close of an unlinked file deletes it. Every other close
-        // (nearly all) only counts, beside other readers: taking the lock
+        // (nearly all) only counts, under no lock of ours: taking the lock
         // for changes here held up the requests the caller sent just after
-        // this asynchronous one.
+        // this asynchronous one, and over io_uring a release is served
+        // under SCHED_IDLE, where it must not hold a lock others wait for.
         let id = self.inode_of(ino);
-        let closed = self.served.read(|fs| fs.close_inode(id)).map_err(errno);
+        let closed = self.served.fs_unlocked().close_inode(id).map_err(errno);
         let done = closed.and_then(|orphan| {
             if orphan {
+                fuse_ring::leave_idle();
                 self.served
                     .write(|fs| fs.delete_closed_orphan(id).map_err(errno))
             } else {

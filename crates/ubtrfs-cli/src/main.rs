@@ -37,7 +37,7 @@ enum Command {
     Mount(cmd::mount::Args),
     /// Unmount a FUSE mount and wait for its last commit.
     Umount(cmd::umount::Args),
-    /// Write back and commit a FUSE mount (`btrfs filesystem sync`).
+    /// Write back and commit a ubtrfs FUSE mount (`btrfs filesystem sync`).
     Sync(cmd::sync::Args),
     /// Make a new filesystem on one or more devices or image files.
     Mkfs(Box<cmd::mkfs::Args>),

@@ -1584,14 +1584,21 @@ fn sync_command_commits() {
     let m = RwMount::start(&img, &t.join("fuse"), &NO_TIMER);
     let closed = pattern(300_000, 60);
     fs::write(m.path().join("closed"), &closed).unwrap();
+    let gen_before = superblock_generation(&img);
     run(command("btrfs").args(["filesystem", "sync"]).arg(m.path())).unwrap();
     let gen_after_btrfs_sync = superblock_generation(&img);
+    assert!(
+        gen_after_btrfs_sync > gen_before,
+        "btrfs filesystem sync wrote no superblock"
+    );
     let open_data = pattern(2 << 20, 61);
     let mut f = File::create(m.path().join("open")).unwrap();
     f.write_all(&open_data).unwrap();
+    // Any path in the mount will do, as for btrfs filesystem sync.
+    fs::create_dir(m.path().join("dir")).unwrap();
     let out = Command::new(ubtrfs_bin())
         .arg("sync")
-        .arg(m.path())
+        .arg(m.path().join("dir"))
         .output()
         .unwrap();
     assert!(
@@ -1610,7 +1617,7 @@ fn sync_command_commits() {
     assert_eq!(fs::read(kernel.path().join("closed")).unwrap(), closed);
     assert_eq!(fs::read(kernel.path().join("open")).unwrap(), open_data);
     drop(kernel);
-    // Not a ubtrfs mount: refused, non-zero, saying why.
+    // Not in a ubtrfs mount: refused, non-zero, saying why.
     let out = Command::new(ubtrfs_bin())
         .arg("sync")
         .arg(t.path())
@@ -1618,7 +1625,7 @@ fn sync_command_commits() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && err.contains("not mounted"),
+        !out.status.success() && err.contains("not in a ubtrfs mount"),
         "{err}"
     );
 }

@@ -7,7 +7,7 @@
 //! only). So this command writes back with `syncfs`, then asks the mount
 //! to commit with `BTRFS_IOC_SYNC`, the ioctl of `btrfs filesystem sync`.
 
-use super::umount::{Info, absolute, commit, mount_at, server_info};
+use super::umount::{Info, commit, server_info};
 use anyhow::{Result, anyhow, bail};
 use std::path::PathBuf;
 
@@ -15,29 +15,24 @@ use std::path::PathBuf;
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\
 Writes back the mount's dirty pages and commits its running transaction; \
-returns once both are on the device. `btrfs filesystem sync MOUNTPOINT` \
+returns once both are on the device. `btrfs filesystem sync PATH` \
 commits too, but leaves pages of files still open in the kernel's cache. \
-Fails if MOUNTPOINT is not a ubtrfs mount, or if the commit fails (the \
-mount then takes no more changes, and its process logs why).")]
+Fails if PATH is not in a ubtrfs mount, or if the commit fails (the mount \
+then takes no more changes, and its process logs why).")]
 pub struct Args {
-    /// Where the filesystem is mounted.
-    #[arg(value_name = "MOUNTPOINT")]
-    mountpoint: PathBuf,
+    /// The mount point, or any file or directory in the mount.
+    #[arg(value_name = "PATH")]
+    path: PathBuf,
 }
 
 /// Run `sync`.
 pub fn run(args: Args) -> Result<()> {
-    let mp = absolute(&args.mountpoint)?;
-    let shown = mp.display().to_string();
-    let entry = mount_at(&mp)?.ok_or_else(|| anyhow!("{shown}: not mounted"))?;
-    if !entry.fstype.starts_with("fuse") {
-        bail!("{shown}: not a ubtrfs mount (it is {})", entry.fstype);
-    }
-    match server_info(&mp) {
+    let shown = args.path.display().to_string();
+    match server_info(&args.path) {
         Ok(Info { rw: false, .. }) => Ok(()),
         Ok(Info { rw: true, .. }) => {
-            commit(&mp).map_err(|e| anyhow!("{shown}: the commit failed: {e}"))
+            commit(&args.path).map_err(|e| anyhow!("{shown}: the commit failed: {e}"))
         }
-        Err(e) => bail!("{shown}: not a ubtrfs mount ({e})"),
+        Err(e) => bail!("{shown}: not in a ubtrfs mount ({e})"),
     }
 }

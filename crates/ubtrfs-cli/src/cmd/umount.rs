@@ -139,7 +139,7 @@ pub fn run(args: Args) -> Result<()> {
 
 /// `path` made absolute without touching it (a dead FUSE mount cannot be
 /// looked at).
-pub(crate) fn absolute(path: &Path) -> Result<PathBuf> {
+fn absolute(path: &Path) -> Result<PathBuf> {
     if let Ok(p) = path.canonicalize() {
         return Ok(p);
     }
@@ -194,10 +194,16 @@ pub(crate) fn commit(mp: &Path) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: an ioctl without an argument on a descriptor open for this scope.
-    if unsafe { libc::ioctl(dir.as_raw_fd(), crate::fuse::BTRFS_IOC_SYNC as _) } != 0 {
-        return Err(std::io::Error::last_os_error());
+    if unsafe { libc::ioctl(dir.as_raw_fd(), crate::fuse::BTRFS_IOC_SYNC as _) } == 0 {
+        return Ok(());
     }
-    Ok(())
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::ENOTTY) {
+        return Err(e);
+    }
+    // A mount process from before the ioctl: an fsync of the directory
+    // reaches it at least.
+    dir.sync_all()
 }
 
 /// `umount(2)` as root, `fusermount3 -u` otherwise.

@@ -90,8 +90,9 @@ impl Served {
     }
 
     /// The filesystem, without the lock: only for what never changes
-    /// (the superblock, the geometry, the root's identity) and for waits
-    /// that must not hold it (write throttling).
+    /// (the superblock, the geometry, the root's identity), for waits
+    /// that must not hold it (write throttling), and for the counts of
+    /// open files, which have a lock of their own.
     pub fn fs_unlocked(&self) -> &Filesystem {
         &self.fs
     }

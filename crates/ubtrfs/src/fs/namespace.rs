@@ -451,7 +451,17 @@ impl Filesystem {
     /// on as an orphan (an ORPHAN_ITEM, so a crash leaves it for the next
     /// mount to clean) until [`Filesystem::release_inode`]; else it goes now.
     pub(crate) fn delete_inode(&self, w: &mut Writer, id: InodeId) -> Result<()> {
-        if self.open_count(id) > 0 {
+        let in_use = {
+            // Counted and marked at once: a last close in between either
+            // came first (the inode goes now) or sees the mark.
+            let mut open = self.open_inodes();
+            let in_use = open.users.get(&id).is_some_and(|&n| n > 0);
+            if in_use {
+                open.orphaned.insert(id);
+            }
+            in_use
+        };
+        if in_use {
             let key = Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, id.ino);
             return self.modify_tree(w, id.subvol, |ed, root| ed.put(root, key, Vec::new()));
         }
@@ -459,13 +469,13 @@ impl Filesystem {
     }
 
     fn open_count(&self, id: InodeId) -> u32 {
-        self.open_inodes().get(&id).copied().unwrap_or(0)
+        self.open_inodes().users.get(&id).copied().unwrap_or(0)
     }
 
     /// Someone (an open file of the FUSE mount) uses `id`: keep it even if
     /// its last name goes.
     pub fn hold_inode(&self, id: InodeId) {
-        *self.open_inodes().entry(id).or_insert(0) += 1;
+        *self.open_inodes().users.entry(id).or_insert(0) += 1;
     }
 
     /// The user of `id` is done; an orphaned inode is deleted now.
@@ -476,28 +486,22 @@ impl Filesystem {
         Ok(())
     }
 
-    /// The first half of [`Filesystem::release_inode`], which changes
-    /// nothing on disk (so a FUSE mount runs it beside other readers):
-    /// counts the user of `id` gone, and tells whether it was the last
-    /// one of an orphaned inode, which [`Filesystem::delete_closed_orphan`]
-    /// then deletes.
+    /// The first half of [`Filesystem::release_inode`], which reads no
+    /// tree and changes nothing on disk (so a FUSE mount runs it without
+    /// its lock): counts the user of `id` gone, and tells whether it was
+    /// the last one of an inode orphaned while in use, which
+    /// [`Filesystem::delete_closed_orphan`] then deletes.
     pub fn close_inode(&self, id: InodeId) -> Result<bool> {
-        let last = {
-            let mut open = self.open_inodes();
-            let Some(n) = open.get_mut(&id) else {
-                return Ok(false);
-            };
-            *n -= 1;
-            let last = *n == 0;
-            if last {
-                open.remove(&id);
-            }
-            last
+        let mut open = self.open_inodes();
+        let Some(n) = open.users.get_mut(&id) else {
+            return Ok(false);
         };
-        if !last || self.writer.is_none() {
+        *n -= 1;
+        if *n > 0 {
             return Ok(false);
         }
-        self.has_orphan_item(id)
+        open.users.remove(&id);
+        Ok(self.writer.is_some() && open.orphaned.contains(&id))
     }
 
     /// Whether `id` has an orphan item (no names left, kept while used).
@@ -509,7 +513,11 @@ impl Filesystem {
     /// The second half of [`Filesystem::release_inode`]: deletes orphan
     /// `id` unless it is in use again or gone already.
     pub fn delete_closed_orphan(&self, id: InodeId) -> Result<()> {
-        if self.writer.is_none() || self.open_count(id) > 0 || !self.has_orphan_item(id)? {
+        if self.writer.is_none() || self.open_count(id) > 0 {
+            return Ok(());
+        }
+        self.open_inodes().orphaned.remove(&id);
+        if !self.has_orphan_item(id)? {
             return Ok(());
         }
         let key = Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, id.ino);

@@ -52,8 +52,8 @@ pub struct Filesystem {
     /// Write state, when opened read-write.
     pub(crate) writer: Option<std::sync::Mutex<crate::transaction::Writer>>,
     pub(crate) warnings: Vec<String>,
-    /// Inodes in use by open files, with their use counts.
-    pub(crate) open_inodes: std::sync::Mutex<HashMap<InodeId, u32>>,
+    /// Inodes in use by open files.
+    pub(crate) open_inodes: std::sync::Mutex<OpenInodes>,
     /// Written data not yet in extents.
     pub(crate) delalloc: std::sync::Mutex<crate::data::delalloc::Delalloc>,
     /// Extents whose data the writeback thread is writing.
@@ -158,7 +158,7 @@ impl Filesystem {
             delalloc: std::sync::Mutex::new(Default::default()),
             in_flight: Default::default(),
             compress_jobs: Default::default(),
-            open_inodes: std::sync::Mutex::new(HashMap::new()),
+            open_inodes: std::sync::Mutex::new(OpenInodes::default()),
             log_sync: std::sync::Mutex::new(()),
             supers_on_disk: std::sync::Mutex::new(on_disk),
             committed: std::sync::atomic::AtomicU64::new(on_disk),
@@ -169,7 +169,7 @@ impl Filesystem {
     }
 
     /// Inodes held open.
-    pub(crate) fn open_inodes(&self) -> std::sync::MutexGuard<'_, HashMap<InodeId, u32>> {
+    pub(crate) fn open_inodes(&self) -> std::sync::MutexGuard<'_, OpenInodes> {
         self.open_inodes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -469,4 +469,13 @@ fn now() -> crate::format::items::Timespec {
         sec: d.as_secs() as i64,
         nsec: d.subsec_nanos(),
     }
+}
+
+/// Inodes in use by open files, with their use counts, and those of them
+/// that lost their last name while in use (orphans, deleted at the last
+/// close): the last close knows without reading a tree.
+#[derive(Default)]
+pub(crate) struct OpenInodes {
+    pub users: HashMap<InodeId, u32>,
+    pub orphaned: std::collections::HashSet<InodeId>,
 }

@@ -66,7 +66,7 @@ impl Filesystem {
         }
         // The kernel keeps a deleted tree until its last open file closes;
         // v1 does not, so it refuses instead.
-        if self.open_inodes().keys().any(|i| i.subvol == id) {
+        if self.open_inodes().users.keys().any(|i| i.subvol == id) {
             return Err(Error::Unsupported(format!(
                 "deleting {}: files in it are open",
                 shown()

@@ -5,10 +5,10 @@
 //! steps ([`Filesystem::fsync_prepare`] with readers shut out, then
 //! [`Filesystem::fsync_log`] beside them) logs only what was written back.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
-use ubtrfs::fs::{Filesystem, NewInode};
+use ubtrfs::fs::{Filesystem, InodeId, NewInode};
 use ubtrfs::tree_log::{LogOnly, Synced};
 
 const FILE: NewInode = NewInode {
@@ -26,15 +26,22 @@ fn superblock(img: &Path) -> (u64, u64) {
     (le(0x48), le(0x60))
 }
 
-#[test]
-fn a_commit_while_an_fsync_waits_stays_on_disk() {
-    let dir = testkit::TestDir::new("fsync-pending").unwrap();
+/// A new image (in a test directory named after `name`) holding an empty
+/// file `a`, committed, open read-write.
+fn with_file_a(name: &str) -> (testkit::TestDir, PathBuf, Filesystem, InodeId) {
+    let dir = testkit::TestDir::new(name).unwrap();
     let img = dir.join("disk.img");
     testkit::mkfs_file(&img, 256 << 20, &[]).unwrap();
     let fs = Filesystem::open_read_write(&[&img]).unwrap();
-    let root = fs.root();
-    let a = fs.create(root, b"a", FILE).unwrap().id;
+    let a = fs.create(fs.root(), b"a", FILE).unwrap().id;
     fs.commit().unwrap();
+    (dir, img, fs, a)
+}
+
+#[test]
+fn a_commit_while_an_fsync_waits_stays_on_disk() {
+    let (dir, img, fs, a) = with_file_a("fsync-pending");
+    let root = fs.root();
     let (committed, _) = superblock(&img);
     fs.write(a, 0, b"logged by fsync").unwrap();
 
@@ -91,13 +98,8 @@ fn a_commit_while_an_fsync_waits_stays_on_disk() {
 
 #[test]
 fn an_fsync_in_two_steps_logs_only_data_written_back() {
-    let dir = testkit::TestDir::new("fsync-two-steps").unwrap();
-    let img = dir.join("disk.img");
-    testkit::mkfs_file(&img, 256 << 20, &[]).unwrap();
-    let fs = Filesystem::open_read_write(&[&img]).unwrap();
+    let (dir, img, fs, a) = with_file_a("fsync-two-steps");
     let root = fs.root();
-    let a = fs.create(root, b"a", FILE).unwrap().id;
-    fs.commit().unwrap();
     let logged = |fs: &Filesystem, id| match fs.fsync_log(id, false).unwrap() {
         LogOnly::Started(p) => p.wait().unwrap(),
         LogOnly::NeedsWriteback => panic!("written back, yet more to write back"),

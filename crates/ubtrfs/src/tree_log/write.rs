@@ -146,13 +146,7 @@ impl Filesystem {
         self.stat(id)?;
         let turn = self.log_sync.lock().unwrap_or_else(|e| e.into_inner());
         let mut w = self.lock_writer()?;
-        let pending = |state, turn| {
-            Ok(PendingSync {
-                fs: self,
-                state,
-                _turn: turn,
-            })
-        };
+        let pending = |state, turn| Ok(self.pending_sync(state, turn));
         if !w.is_dirty() && !self.delalloc().has(id) {
             drop(w);
             return pending(Pending::Done(Synced::Nothing), turn);
@@ -207,13 +201,7 @@ impl Filesystem {
         self.stat(id)?;
         let turn = self.log_sync.lock().unwrap_or_else(|e| e.into_inner());
         let mut w = self.lock_writer()?;
-        let started = |state, turn| {
-            Ok(LogOnly::Started(PendingSync {
-                fs: self,
-                state,
-                _turn: turn,
-            }))
-        };
+        let started = |state, turn| Ok(LogOnly::Started(self.pending_sync(state, turn)));
         let has_data = self.delalloc().has(id) || self.in_flight.has(id);
         if !w.is_dirty() && !has_data {
             drop(w);
@@ -237,6 +225,18 @@ impl Filesystem {
                 w.log_broken = true;
                 Ok(LogOnly::NeedsCommit)
             }
+        }
+    }
+
+    fn pending_sync<'a>(
+        &'a self,
+        state: Pending,
+        turn: std::sync::MutexGuard<'a, ()>,
+    ) -> PendingSync<'a> {
+        PendingSync {
+            fs: self,
+            state,
+            _turn: turn,
         }
     }
 

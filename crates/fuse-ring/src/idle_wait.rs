@@ -89,6 +89,8 @@ pub(crate) struct Bouncing {
     /// (microseconds since `epoch`, plus one; 0: never).
     running: AtomicU32,
     running_at_us: AtomicU64,
+    /// The watchdog sleeps until callers bounce again.
+    watch_asleep: AtomicBool,
     stop: AtomicBool,
     watchdog: OnceLock<Thread>,
 }
@@ -109,6 +111,7 @@ impl Bouncing {
             max_running,
             running: AtomicU32::new(0),
             running_at_us: AtomicU64::new(0),
+            watch_asleep: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             watchdog: OnceLock::new(),
         })
@@ -232,13 +235,28 @@ fn watch(weak: Weak<Bouncing>) {
             }
             *seen = (tid, ran);
         }
-        let on = b.on();
-        drop(b);
+        let mut on = b.on();
+        if !waiting && !on {
+            // About to sleep long: a thread that flags itself idle from
+            // here on wakes the watchdog (its verdict may have run out
+            // just after it looked), and one that did already is seen.
+            b.watch_asleep.store(true, Ordering::SeqCst);
+            on = b.idle.iter().any(|t| t.0.load(Ordering::SeqCst) != 0) || b.on();
+            if on {
+                b.watch_asleep.store(false, Ordering::SeqCst);
+            }
+        }
         if waiting || on {
+            drop(b);
             std::thread::park_timeout(WATCH_PERIOD);
         } else {
-            // Woken when callers start bouncing (`turn_on`).
+            // Woken when callers start bouncing (`turn_on`) or a thread
+            // flags itself idle.
+            drop(b);
             std::thread::park_timeout(HOLD);
+            if let Some(b) = weak.upgrade() {
+                b.watch_asleep.store(false, Ordering::SeqCst);
+            }
         }
     }
 }
@@ -341,7 +359,12 @@ impl IdleWait {
             IDLE_HERE.set(true);
             self.shared.idle[self.index]
                 .0
-                .store(self.tid, Ordering::Release);
+                .store(self.tid, Ordering::SeqCst);
+            if self.shared.watch_asleep.load(Ordering::SeqCst)
+                && let Some(w) = self.shared.watchdog.get()
+            {
+                w.unpark();
+            }
         }
         self.idle
     }
@@ -558,6 +581,36 @@ mod tests {
             assert!(p.after_wait());
             assert_eq!(policy(), libc::SCHED_OTHER);
             assert_eq!(shared.idle[0].0.load(Ordering::Relaxed), 0);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_thread_going_idle_wakes_a_sleeping_watchdog() {
+        std::thread::spawn(|| {
+            let shared = Bouncing::with_max_running(1, 1000);
+            let watchdog = shared.start_watchdog().unwrap();
+            let asleep = |want: bool| {
+                let t0 = Instant::now();
+                while shared.watch_asleep.load(Ordering::SeqCst) != want {
+                    assert!(t0.elapsed() < HOLD / 2, "watchdog asleep: not {want}");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            };
+            asleep(true);
+            // The verdict as a thread saw it just before it ran out, set
+            // without waking the watchdog as `turn_on` does.
+            shared
+                .until_ms
+                .store(shared.now_ms() + 60_000, Ordering::Relaxed);
+            let mut p = IdleWait::for_this_thread(Arc::clone(&shared), 0, 0..1, 0).unwrap();
+            assert!(p.before_wait());
+            // Woken well within its long sleep, it watches.
+            asleep(false);
+            assert!(p.after_wait());
+            shared.stop();
+            watchdog.join().unwrap();
         })
         .join()
         .unwrap();

@@ -369,6 +369,11 @@ impl IdleWait {
         self.idle
     }
 
+    /// Whether callers were seen bouncing lately (idle waits are on).
+    pub(crate) fn callers_bounce(&self) -> bool {
+        self.shared.on()
+    }
+
     /// After the wait: back to the normal policy. `false` if the thread
     /// could not return (the nice limit shrank since [`can_wait_idle`]
     /// said yes): it stays under `SCHED_IDLE`, and should not wait idle

@@ -451,7 +451,12 @@ impl Queue {
         let r = self.serve_until_done(handler, &mut started);
         // Failed before reporting: `Rings::start` must not wait for us.
         if let (Some(tx), Err(e)) = (started, &r) {
-            let _ = tx.send(Err(io::Error::new(e.kind(), e.to_string())));
+            // The errno kept: the caller tells an ended connection apart.
+            let copy = match e.raw_os_error() {
+                Some(n) => io::Error::from_raw_os_error(n),
+                None => io::Error::new(e.kind(), e.to_string()),
+            };
+            let _ = tx.send(Err(copy));
         }
         r
     }
@@ -548,11 +553,13 @@ impl Queue {
                 self.ring.submit()?;
             }
             // A request someone waits for, in a batch with a release: all
-            // of it is served under the normal policy.
+            // of it is served under the normal policy; so is everything
+            // once callers stopped bouncing.
             if let Some(iw) = &mut idle_wait
-                && completed
-                    .iter()
-                    .any(|&(d, r)| d != WAKE && r >= 0 && !served_idle(self.opcode_of(d as usize)))
+                && (!iw.callers_bounce()
+                    || completed.iter().any(|&(d, r)| {
+                        d != WAKE && r >= 0 && !served_idle(self.opcode_of(d as usize))
+                    }))
                 && !iw.after_wait()
             {
                 idle_wait = None;

@@ -500,9 +500,26 @@ fn serve(
             // As fuser tells the owner. SAFETY: geteuid cannot fail.
             owner: unsafe { libc::geteuid() },
         };
-        let rings = for_rings
-            .start_rings(session.as_fd().as_raw_fd(), access)
-            .context("cannot start the io_uring queues (-o nouring serves through /dev/fuse)")?;
+        let rings = match for_rings.start_rings(session.as_fd().as_raw_fd(), access) {
+            Ok(rings) => rings,
+            // Unmounted before the queues were up (the kernel refuses
+            // entries of a connection that ended): the session ends at
+            // once, and the last commit runs, as after any unmount.
+            Err(fuse_ring::Error::Register(e))
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOTCONN | libc::ECONNABORTED | libc::ENODEV)
+                ) =>
+            {
+                tracing::info!("unmounted while the io_uring queues started: {e}");
+                false
+            }
+            Err(e) => {
+                return Err(e).context(
+                    "cannot start the io_uring queues (-o nouring serves through /dev/fuse)",
+                );
+            }
+        };
         if rings {
             tracing::info!("serving over io_uring");
         }

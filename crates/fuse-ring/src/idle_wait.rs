@@ -369,6 +369,11 @@ impl IdleWait {
         self.idle
     }
 
+    /// Whether this thread runs under `SCHED_IDLE` now.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.idle && IDLE_HERE.get()
+    }
+
     /// Whether callers were seen bouncing lately (idle waits are on).
     pub(crate) fn callers_bounce(&self) -> bool {
         self.shared.on()

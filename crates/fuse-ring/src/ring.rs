@@ -541,22 +541,17 @@ impl Queue {
                     Err(e) => return Err(e),
                 }
                 completed.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
-                // Nothing came: back to normal, so that a thread stays
-                // idle (and watched) only while callers bounce.
-                if completed.is_empty()
-                    && let Some(iw) = &mut idle_wait
-                    && !iw.after_wait()
-                {
-                    idle_wait = None;
-                }
             } else {
                 self.ring.submit()?;
             }
-            // A request someone waits for, in a batch with a release: all
-            // of it is served under the normal policy; so is everything
-            // once callers stopped bouncing.
+            // Back to normal unless callers still bounce and the batch holds
+            // only releases: a wait that brought nothing, a request someone
+            // waits for (with a release or not) and any batch once callers
+            // stopped bouncing are served under the normal policy.
             if let Some(iw) = &mut idle_wait
-                && (!iw.callers_bounce()
+                && iw.is_idle()
+                && (completed.is_empty()
+                    || !iw.callers_bounce()
                     || completed.iter().any(|&(d, r)| {
                         d != WAKE && r >= 0 && !served_idle(self.opcode_of(d as usize))
                     }))
@@ -618,7 +613,6 @@ impl Queue {
         first_error.map_or(Ok(()), Err)
     }
 
-    /// The entry at `index` holds a request: hand it out.
     /// The opcode of the request that arrived in entry `index`.
     fn opcode_of(&self, index: usize) -> u32 {
         let Some(bufs) = self.bufs.get(index) else {
@@ -629,6 +623,7 @@ impl Queue {
         InHeader::parse(&h[..IN_HEADER_LEN]).opcode
     }
 
+    /// The entry at `index` holds a request: hand it out.
     fn arrived(&self, index: usize) -> RingEntry {
         let bufs = Arc::clone(&self.bufs[index]);
         bufs.answered.store(false, Ordering::Release);

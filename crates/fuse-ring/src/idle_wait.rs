@@ -13,27 +13,38 @@
 //! A CPU whose runnable threads are all under `SCHED_IDLE` counts as idle.
 //! So while callers are seen bouncing (every request tells from which
 //! caller, by thread id, it came on which queue), a ring thread commits
-//! its answers and waits for the next request under `SCHED_IDLE`, and
-//! serves requests under the normal policy. Waiting, not only
-//! committing, matters: a thread woken for an asynchronous request (the
-//! RELEASE sent just before the next GETATTR) is runnable when the
-//! GETATTR's answer wakes the caller, and keeps the CPU busy unless it
-//! too is under `SCHED_IDLE`.
+//! its answers and waits for the next request under `SCHED_IDLE`. Waiting,
+//! not only committing, matters: a thread woken for an asynchronous
+//! request (the RELEASE sent just before the next GETATTR) is runnable
+//! when the GETATTR's answer wakes the caller, and keeps the CPU busy
+//! unless it too is under `SCHED_IDLE`.
+//!
+//! It also serves short requests (lookups, attributes, creates, unlinks,
+//! releases: [`served_idle`]) without leaving `SCHED_IDLE`: two policy
+//! changes cost about what such a request does, and took a fifth of
+//! one-process stat's time. Data, fsync, ioctls and locks are served
+//! under the normal policy, and a handler about to do long work (a
+//! truncate, the deletion at a last close) leaves idle first
+//! ([`leave_idle`]). A thread idle while it holds the filesystem's lock
+//! delays others only if another thread wants its CPU, which the load
+//! check below keeps rare and the watchdog ends. Its I/O keeps the
+//! normal best-effort priority, set explicitly.
 //!
 //! A thread under `SCHED_IDLE` on a CPU busy with other work may wait for
 //! it for milliseconds, or seconds behind several busy processes. So a
-//! thread goes idle only when the machine is otherwise quiet (the running
+//! thread goes idle, and stays idle from one wait to the next, only when
+//! the machine is otherwise quiet (the running
 //! count of `/proc/loadavg`, with its queue's idle threads and, on larger
 //! machines, half the CPUs allowed for), waits idle 50 ms at once
 //! before it looks again, and a watchdog thread under
-//! the normal policy looks every 5 ms at the threads waiting idle: one
+//! the normal policy looks every 5 ms at the threads that are idle: one
 //! found runnable at two looks without having run between (woken, but
 //! kept off its CPU by other work) goes back to the normal policy, and
 //! idle waits end until callers bounce again.
-//! The cost is two policy changes a request, and a read of `/proc/loadavg`
-//! at most every [`LOAD_FRESH`] (shared by the threads: read at every wait
-//! it took more of the server's time than the handlers of small requests),
-//! against 20-30 µs a move.
+//! The cost is a read of `/proc/loadavg` at most every [`LOAD_FRESH`]
+//! (shared by the threads: read at every wait it took more of the server's
+//! time than the handlers of small requests), and two policy changes
+//! around each request that is not served idle, against 20-30 µs a move.
 
 use std::fs::File;
 use std::io;
@@ -292,6 +303,7 @@ impl IdleWait {
         if policy != libc::SCHED_OTHER
             || !siblings.contains(&index)
             || siblings.end > shared.idle.len()
+            || !keep_io_priority()
         {
             return None;
         }
@@ -326,35 +338,22 @@ impl IdleWait {
         self.moves = 0;
     }
 
-    /// Before the thread commits its answers and waits: goes idle if
-    /// callers bounce and the machine is otherwise quiet; whether it did
-    /// (the wait is then at most [`IDLE_WAIT_MAX`]). Threads of this
-    /// queue waiting idle do not count: one woken for an asynchronous
-    /// request (the RELEASE sent just before the GETATTR answered here)
-    /// is runnable, but idle; one kept off its CPU by other work is the
-    /// watchdog's to find.
-    pub(crate) fn before_wait(&mut self) -> bool {
+    /// Before the thread commits its answers and waits: goes idle, or
+    /// stays idle from the last wait, if callers bounce and the machine is
+    /// otherwise quiet; whether it waits idle (the wait is then at most
+    /// [`IDLE_WAIT_MAX`]). `None`: it was idle and could not return to the
+    /// normal policy (see [`IdleWait::after_wait`]).
+    pub(crate) fn before_wait(&mut self) -> Option<bool> {
         if self.idle && !IDLE_HERE.get() {
             // A handler left idle ([`leave_idle`]): decide anew.
             self.shared.idle[self.index].0.store(0, Ordering::Release);
             self.idle = false;
         }
-        if self.idle || !self.shared.on() {
-            return self.idle;
+        if !self.shared.on() || !self.quiet() {
+            // Served idle so far, but other work came up: back to normal.
+            return self.after_wait().then_some(false);
         }
-        let idle_siblings = self.shared.idle[self.siblings.clone()]
-            .iter()
-            .filter(|t| t.0.load(Ordering::Relaxed) != 0)
-            .count() as u32;
-        let allowed = self.shared.max_running + idle_siblings;
-        if self
-            .shared
-            .running_now(&self.loadavg)
-            .is_none_or(|n| n > allowed)
-        {
-            return false;
-        }
-        if set_policy_of(0, libc::SCHED_IDLE) {
+        if !self.idle && set_policy_of(0, libc::SCHED_IDLE) {
             self.idle = true;
             IDLE_HERE.set(true);
             self.shared.idle[self.index]
@@ -366,7 +365,25 @@ impl IdleWait {
                 w.unpark();
             }
         }
-        self.idle
+        Some(self.idle)
+    }
+
+    /// Whether the machine is otherwise quiet: no more runnable threads
+    /// than allowed, this thread's and its queue's idle threads aside.
+    /// Those siblings do not count: one woken for an asynchronous request
+    /// (the RELEASE sent just before the GETATTR answered here) is
+    /// runnable, but idle; one kept off its CPU by other work is the
+    /// watchdog's to find.
+    fn quiet(&self) -> bool {
+        let idle_siblings = self
+            .siblings
+            .clone()
+            .filter(|&i| i != self.index && self.shared.idle[i].0.load(Ordering::Relaxed) != 0);
+        // The running count includes this thread.
+        let allowed = self.shared.max_running + idle_siblings.count() as u32;
+        self.shared
+            .running_now(&self.loadavg)
+            .is_some_and(|n| n <= allowed)
     }
 
     /// Whether this thread runs under `SCHED_IDLE` now.
@@ -399,10 +416,10 @@ thread_local! {
 }
 
 /// Back to the normal policy, if this ring thread serves a request under
-/// `SCHED_IDLE` (one nobody waits for, see [`served_idle`]); `false` if it
-/// could not return. A handler calls it before it takes a lock others may
-/// wait for, or does I/O: under `SCHED_IDLE` it could be kept off its CPU
-/// (and its I/O put last) while they wait. Does nothing on other threads.
+/// `SCHED_IDLE` (see [`served_idle`]); `false` if it could not return. A
+/// handler calls it before long work (a truncate, a deletion): under
+/// `SCHED_IDLE` it could be kept off its CPU while others wait for it.
+/// Does nothing on other threads.
 pub fn leave_idle() -> bool {
     if !IDLE_HERE.get() {
         return true;
@@ -418,12 +435,45 @@ impl Drop for IdleWait {
     }
 }
 
-/// Whether a request with `opcode` is served without leaving `SCHED_IDLE`:
-/// nobody waits for the answer to a release, so it runs when the CPU has
-/// nothing else, and does not stand between the caller and its CPU.
+/// Whether a request with `opcode` is served without leaving `SCHED_IDLE`
+/// while callers bounce: a release, whose answer nobody waits for, and the
+/// short requests of the namespace and attributes. Each of those costs a
+/// few microseconds, about what two policy changes cost; served under the
+/// normal policy they took a fifth of one-process stat's time. Data,
+/// fsync, ioctls and locks, which may run long, write back or wait for the
+/// device, are served under the normal policy.
 pub(crate) fn served_idle(opcode: u32) -> bool {
-    use crate::abi::opcode::{RELEASE, RELEASEDIR};
-    matches!(opcode, RELEASE | RELEASEDIR)
+    use crate::abi::opcode::*;
+    matches!(
+        opcode,
+        RELEASE
+            | RELEASEDIR
+            | LOOKUP
+            | GETATTR
+            | STATX
+            | SETATTR
+            | ACCESS
+            | READLINK
+            | OPEN
+            | OPENDIR
+            | READDIR
+            | READDIRPLUS
+            | CREATE
+            | MKNOD
+            | MKDIR
+            | SYMLINK
+            | LINK
+            | UNLINK
+            | RMDIR
+            | RENAME
+            | RENAME2
+            | GETXATTR
+            | LISTXATTR
+            | SETXATTR
+            | REMOVEXATTR
+            | STATFS
+            | FLUSH
+    )
 }
 
 /// Runnable threads on the machine, the caller included (the fourth
@@ -438,6 +488,26 @@ fn running_of(loadavg: &[u8]) -> Option<u32> {
     let text = std::str::from_utf8(loadavg).ok()?;
     let field = text.split_ascii_whitespace().nth(3)?;
     field.split('/').next()?.parse().ok()
+}
+
+/// `IOPRIO_CLASS_BE` at its middle level, as `ioprio_set(2)` takes it.
+const IO_PRIORITY_BEST_EFFORT: libc::c_int = (2 << 13) | 4;
+
+/// Gives the calling thread the I/O priority it has under the normal
+/// policy, set explicitly: a thread without one takes the idle I/O class
+/// under `SCHED_IDLE`, and its reads (a cold lookup's tree blocks) would
+/// then wait for any other I/O on the device. Whether it took.
+fn keep_io_priority() -> bool {
+    const IOPRIO_WHO_PROCESS: libc::c_int = 1;
+    // SAFETY: a plain system call on the calling thread (who 0).
+    unsafe {
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            0,
+            IO_PRIORITY_BEST_EFFORT,
+        ) == 0
+    }
 }
 
 /// Sets the scheduling policy of thread `tid` (0: the calling one);
@@ -485,14 +555,60 @@ mod tests {
     }
 
     #[test]
-    fn only_requests_nobody_waits_for_are_served_idle() {
+    fn releases_and_short_requests_are_served_idle_data_and_fsync_are_not() {
         use crate::abi::opcode::*;
-        assert!(served_idle(RELEASE) && served_idle(RELEASEDIR));
         for op in [
-            LOOKUP, GETATTR, SETATTR, CREATE, OPEN, READ, WRITE, FSYNC, FLUSH, UNLINK,
+            RELEASE,
+            RELEASEDIR,
+            LOOKUP,
+            GETATTR,
+            SETATTR,
+            CREATE,
+            OPEN,
+            UNLINK,
+            MKDIR,
+            RENAME,
+            READDIRPLUS,
         ] {
-            assert!(!served_idle(op), "opcode {op} answers a waiting caller");
+            assert!(served_idle(op), "opcode {op} is short");
         }
+        for op in [
+            READ,
+            WRITE,
+            FSYNC,
+            FSYNCDIR,
+            FALLOCATE,
+            COPY_FILE_RANGE,
+            LSEEK,
+            IOCTL,
+            SETLKW,
+        ] {
+            assert!(!served_idle(op), "opcode {op} may run long");
+        }
+    }
+
+    fn io_priority() -> libc::c_long {
+        const IOPRIO_WHO_PROCESS: libc::c_int = 1;
+        // SAFETY: a plain query of the calling thread.
+        unsafe { libc::syscall(libc::SYS_ioprio_get, IOPRIO_WHO_PROCESS, 0) }
+    }
+
+    #[test]
+    fn a_thread_waiting_idle_keeps_its_io_priority() {
+        std::thread::spawn(|| {
+            // Unset (class "none"), the class of the thread's I/O follows
+            // its policy: idle under `SCHED_IDLE`.
+            assert_eq!(io_priority() >> 13, 0);
+            let shared = Bouncing::with_max_running(1, 1000);
+            shared.turn_on();
+            let mut p = IdleWait::for_this_thread(Arc::clone(&shared), 0, 0..1, 0).unwrap();
+            assert_eq!(p.before_wait(), Some(true));
+            assert_eq!(policy(), libc::SCHED_IDLE);
+            assert_eq!(io_priority(), libc::c_long::from(IO_PRIORITY_BEST_EFFORT));
+            assert!(p.after_wait());
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]
@@ -546,10 +662,10 @@ mod tests {
             let shared = Bouncing::with_max_running(2, 1000);
             assert!(IdleWait::for_this_thread(Arc::clone(&shared), 0, 1..2, 0).is_none());
             let mut p = IdleWait::for_this_thread(Arc::clone(&shared), 0, 0..2, 0).unwrap();
-            assert!(!p.before_wait(), "idle without bouncing");
+            assert_eq!(p.before_wait(), Some(false), "idle without bouncing");
             assert_eq!(policy(), libc::SCHED_OTHER);
             shared.turn_on();
-            assert!(p.before_wait());
+            assert_eq!(p.before_wait(), Some(true));
             assert_eq!(policy(), libc::SCHED_IDLE);
             // SAFETY: a plain query of the calling thread.
             let tid = unsafe { libc::gettid() };
@@ -559,13 +675,48 @@ mod tests {
             assert_eq!(shared.idle[0].0.load(Ordering::Relaxed), 0);
             // Callers no longer bounce: normal waits.
             shared.until_ms.store(0, Ordering::Relaxed);
-            assert!(!p.before_wait());
+            assert_eq!(p.before_wait(), Some(false));
             assert!(p.after_wait());
             // A machine busier than allowed: no idle wait.
             let busy = Bouncing::with_max_running(1, 0);
             busy.turn_on();
             let mut q = IdleWait::for_this_thread(busy, 0, 0..1, 0).unwrap();
-            assert!(!q.before_wait(), "this thread alone is one runnable");
+            assert_eq!(
+                q.before_wait(),
+                Some(false),
+                "this thread alone is one runnable"
+            );
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_thread_stays_idle_across_waits_until_the_machine_gets_busy() {
+        std::thread::spawn(|| {
+            let shared = Bouncing::with_max_running(1, 1000);
+            shared.turn_on();
+            let mut p = IdleWait::for_this_thread(Arc::clone(&shared), 0, 0..1, 0).unwrap();
+            assert_eq!(p.before_wait(), Some(true));
+            // Served idle, waits again: still idle, still flagged.
+            assert_eq!(p.before_wait(), Some(true));
+            assert_eq!(policy(), libc::SCHED_IDLE);
+            assert_ne!(shared.idle[0].0.load(Ordering::Relaxed), 0);
+            // A fresh running count above the allowance: back to normal
+            // before the next wait, and unflagged.
+            let now = shared.epoch.elapsed().as_micros() as u64 + 1;
+            shared.running.store(100_000, Ordering::Relaxed);
+            shared.running_at_us.store(now, Ordering::Release);
+            assert_eq!(p.before_wait(), Some(false));
+            assert_eq!(policy(), libc::SCHED_OTHER);
+            assert_eq!(shared.idle[0].0.load(Ordering::Relaxed), 0);
+            // Quiet again (the count goes stale and is read anew): idle.
+            std::thread::sleep(LOAD_FRESH * 2);
+            assert_eq!(p.before_wait(), Some(true));
+            // Callers stop bouncing: back to normal at the next wait.
+            shared.until_ms.store(0, Ordering::Relaxed);
+            assert_eq!(p.before_wait(), Some(false));
+            assert_eq!(policy(), libc::SCHED_OTHER);
         })
         .join()
         .unwrap();
@@ -579,13 +730,13 @@ mod tests {
             let mut p = IdleWait::for_this_thread(Arc::clone(&shared), 0, 0..1, 0).unwrap();
             assert!(leave_idle(), "a thread that is not idle stays as it is");
             assert_eq!(policy(), libc::SCHED_OTHER);
-            assert!(p.before_wait());
+            assert_eq!(p.before_wait(), Some(true));
             assert_eq!(policy(), libc::SCHED_IDLE);
             // A release served idle needs the lock for changes.
             assert!(leave_idle());
             assert_eq!(policy(), libc::SCHED_OTHER);
             // Its thread then waits idle again, flagged for the watchdog.
-            assert!(p.before_wait());
+            assert_eq!(p.before_wait(), Some(true));
             assert_eq!(policy(), libc::SCHED_IDLE);
             assert_ne!(shared.idle[0].0.load(Ordering::Relaxed), 0);
             assert!(p.after_wait());
@@ -615,7 +766,7 @@ mod tests {
                 .until_ms
                 .store(shared.now_ms() + 60_000, Ordering::Relaxed);
             let mut p = IdleWait::for_this_thread(Arc::clone(&shared), 0, 0..1, 0).unwrap();
-            assert!(p.before_wait());
+            assert_eq!(p.before_wait(), Some(true));
             // Woken well within its long sleep, it watches.
             asleep(false);
             assert!(p.after_wait());

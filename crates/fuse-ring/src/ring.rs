@@ -522,7 +522,15 @@ impl Queue {
             if completed.is_empty() {
                 // The answers wake their callers: committed idle, they
                 // stay on this CPU (see `idle_wait`).
-                let idle = idle_wait.as_mut().is_some_and(|iw| iw.before_wait());
+                let idle = match idle_wait.as_mut().map(|iw| iw.before_wait()) {
+                    Some(Some(idle)) => idle,
+                    // Stuck under `SCHED_IDLE`: no more idle waits.
+                    Some(None) => {
+                        idle_wait = None;
+                        false
+                    }
+                    None => false,
+                };
                 let waited = if idle {
                     let ts = types::Timespec::from(IDLE_WAIT_MAX);
                     let args = types::SubmitArgs::new().timespec(&ts);
@@ -545,13 +553,13 @@ impl Queue {
                 self.ring.submit()?;
             }
             // Back to normal unless callers still bounce and the batch holds
-            // only releases: a wait that brought nothing, a request someone
-            // waits for (with a release or not) and any batch once callers
-            // stopped bouncing are served under the normal policy.
+            // only requests served idle (releases, short namespace and
+            // attribute requests): data, fsync and the like, and any batch
+            // once callers stopped bouncing, are served under the normal
+            // policy. `before_wait` looks again at the next wait.
             if let Some(iw) = &mut idle_wait
                 && iw.is_idle()
-                && (completed.is_empty()
-                    || !iw.callers_bounce()
+                && (!iw.callers_bounce()
                     || completed.iter().any(|&(d, r)| {
                         d != WAKE && r >= 0 && !served_idle(self.opcode_of(d as usize))
                     }))

@@ -1129,8 +1129,8 @@ impl FuseFs {
         // The last close of an unlinked file deletes it. Every other close
         // (nearly all) only counts, under no lock of ours: taking the lock
         // for changes here held up the requests the caller sent just after
-        // this asynchronous one, and over io_uring a release is served
-        // under SCHED_IDLE, where it must not hold a lock others wait for.
+        // this asynchronous one. Over io_uring a release may be served
+        // under SCHED_IDLE: the deletion, which may run long, is not.
         let id = self.inode_of(ino);
         let closed = self.served.fs_unlocked().close_inode(id).map_err(errno);
         let done = closed.and_then(|orphan| {
@@ -1374,6 +1374,11 @@ impl FuseFs {
         // Birth time, backup times and BSD flags come from macOS only.
         if crtime.is_some() || chgtime.is_some() || bkuptime.is_some() || flags.is_some() {
             return reply.error(Errno::EOPNOTSUPP);
+        }
+        if size.is_some() {
+            // A truncate writes back and frees extents: not a short
+            // request to serve under SCHED_IDLE.
+            fuse_ring::leave_idle();
         }
         let change = write::Change {
             mode,

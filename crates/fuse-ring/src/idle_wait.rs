@@ -242,6 +242,10 @@ fn watch(weak: Weak<Bouncing>) {
             // thread that gets its CPU stops waiting idle at once.)
             if seen.0 == tid && ran.saturating_sub(seen.1) < BARELY_RAN.as_nanos() as u64 {
                 set_policy_of(tid, libc::SCHED_OTHER);
+                // Unflagged: the thread sees it and forgets it was idle.
+                let _ = slot
+                    .0
+                    .compare_exchange(tid, 0, Ordering::AcqRel, Ordering::Relaxed);
                 b.until_ms.store(0, Ordering::Relaxed);
             }
             *seen = (tid, ran);
@@ -344,10 +348,15 @@ impl IdleWait {
     /// [`IDLE_WAIT_MAX`]). `None`: it was idle and could not return to the
     /// normal policy (see [`IdleWait::after_wait`]).
     pub(crate) fn before_wait(&mut self) -> Option<bool> {
-        if self.idle && !IDLE_HERE.get() {
-            // A handler left idle ([`leave_idle`]): decide anew.
+        if self.idle
+            && (!IDLE_HERE.get()
+                || self.shared.idle[self.index].0.load(Ordering::Acquire) != self.tid)
+        {
+            // A handler left idle ([`leave_idle`]), or the watchdog put
+            // the thread back to normal: decide anew.
             self.shared.idle[self.index].0.store(0, Ordering::Release);
             self.idle = false;
+            IDLE_HERE.set(false);
         }
         if !self.shared.on() || !self.quiet() {
             // Served idle so far, but other work came up: back to normal.
@@ -424,8 +433,10 @@ pub fn leave_idle() -> bool {
     if !IDLE_HERE.get() {
         return true;
     }
-    IDLE_HERE.set(false);
-    set_policy_of(0, libc::SCHED_OTHER)
+    // Still flagged if it failed: the thread is idle all the same.
+    let back = set_policy_of(0, libc::SCHED_OTHER);
+    IDLE_HERE.set(!back);
+    back
 }
 
 impl Drop for IdleWait {
@@ -490,22 +501,40 @@ fn running_of(loadavg: &[u8]) -> Option<u32> {
     field.split('/').next()?.parse().ok()
 }
 
-/// `IOPRIO_CLASS_BE` at its middle level, as `ioprio_set(2)` takes it.
-const IO_PRIORITY_BEST_EFFORT: libc::c_int = (2 << 13) | 4;
+/// `ioprio_get(2)`/`ioprio_set(2)` on one thread.
+const IOPRIO_WHO_PROCESS: libc::c_int = 1;
+/// Where the class sits in an I/O priority.
+const IOPRIO_CLASS_SHIFT: libc::c_int = 13;
+/// The class of a thread whose priority follows its CPU policy and nice.
+const IOPRIO_CLASS_NONE: libc::c_int = 0;
+const IOPRIO_CLASS_BE: libc::c_int = 2;
 
-/// Gives the calling thread the I/O priority it has under the normal
-/// policy, set explicitly: a thread without one takes the idle I/O class
-/// under `SCHED_IDLE`, and its reads (a cold lookup's tree blocks) would
-/// then wait for any other I/O on the device. Whether it took.
+/// The best-effort I/O priority a thread of `nice` has by default.
+fn best_effort_for(nice: libc::c_int) -> libc::c_int {
+    (IOPRIO_CLASS_BE << IOPRIO_CLASS_SHIFT) | ((nice.clamp(-20, 19) + 20) / 5)
+}
+
+/// Gives the calling thread, if its I/O priority follows its policy (none
+/// was set, as by `ionice`), the one it has under the normal policy, set
+/// explicitly: otherwise it takes the idle I/O class under `SCHED_IDLE`,
+/// and its reads (a cold lookup's tree blocks) would wait for any other
+/// I/O on the device. Whether the thread has a priority of its own now.
 fn keep_io_priority() -> bool {
-    const IOPRIO_WHO_PROCESS: libc::c_int = 1;
-    // SAFETY: a plain system call on the calling thread (who 0).
+    // SAFETY: plain system calls on the calling thread (who 0).
     unsafe {
+        let now = libc::syscall(libc::SYS_ioprio_get, IOPRIO_WHO_PROCESS, 0);
+        if now < 0 {
+            return false;
+        }
+        if (now as libc::c_int) >> IOPRIO_CLASS_SHIFT != IOPRIO_CLASS_NONE {
+            return true;
+        }
+        let nice = libc::getpriority(libc::PRIO_PROCESS, 0);
         libc::syscall(
             libc::SYS_ioprio_set,
             IOPRIO_WHO_PROCESS,
             0,
-            IO_PRIORITY_BEST_EFFORT,
+            best_effort_for(nice),
         ) == 0
     }
 }
@@ -544,12 +573,15 @@ mod tests {
         let f = File::open("/proc/loadavg").unwrap();
         let real = shared.running_now(&f).unwrap();
         assert!((1..100_000).contains(&real), "{real} runnable");
-        // Another thread's fresh reading stands...
-        let now = shared.epoch.elapsed().as_micros() as u64 + 1;
+        // Another thread's fresh reading stands (dated ahead: fresh
+        // however long this thread is preempted)...
+        let ahead = shared.epoch.elapsed().as_micros() as u64 + 60_000_000;
         shared.running.store(100_000, Ordering::Relaxed);
-        shared.running_at_us.store(now, Ordering::Release);
+        shared.running_at_us.store(ahead, Ordering::Release);
         assert_eq!(shared.running_now(&f), Some(100_000));
         // ...a stale one does not.
+        let now = shared.epoch.elapsed().as_micros() as u64 + 1;
+        shared.running_at_us.store(now, Ordering::Release);
         std::thread::sleep(LOAD_FRESH * 2);
         assert!(shared.running_now(&f).unwrap() < 100_000);
     }
@@ -587,16 +619,45 @@ mod tests {
 
     #[test]
     fn a_thread_waiting_idle_keeps_its_io_priority() {
+        assert_eq!(best_effort_for(0), (2 << 13) | 4);
+        assert_eq!(best_effort_for(19), (2 << 13) | 7);
+        assert_eq!(best_effort_for(-20), 2 << 13);
         std::thread::spawn(|| {
-            // Unset (class "none"), the class of the thread's I/O follows
-            // its policy: idle under `SCHED_IDLE`.
-            assert_eq!(io_priority() >> 13, 0);
+            let before = io_priority();
             let shared = Bouncing::with_max_running(1, 1000);
             shared.turn_on();
             let mut p = IdleWait::for_this_thread(Arc::clone(&shared), 0, 0..1, 0).unwrap();
             assert_eq!(p.before_wait(), Some(true));
             assert_eq!(policy(), libc::SCHED_IDLE);
-            assert_eq!(io_priority(), libc::c_long::from(IO_PRIORITY_BEST_EFFORT));
+            if before >> 13 == libc::c_long::from(IOPRIO_CLASS_NONE) {
+                // Unset, it would follow the policy (the idle class):
+                // set to what the normal policy gives.
+                // SAFETY: a plain query of the calling thread.
+                let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+                assert_eq!(io_priority(), libc::c_long::from(best_effort_for(nice)));
+            } else {
+                assert_eq!(io_priority(), before, "one set by the operator stays");
+            }
+            assert!(p.after_wait());
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_thread_the_watchdog_returned_to_normal_goes_idle_again_for_real() {
+        std::thread::spawn(|| {
+            let shared = Bouncing::with_max_running(1, 1000);
+            shared.turn_on();
+            let mut p = IdleWait::for_this_thread(Arc::clone(&shared), 0, 0..1, 0).unwrap();
+            assert_eq!(p.before_wait(), Some(true));
+            // What the watchdog does to a thread it finds kept off its CPU.
+            assert!(set_policy_of(0, libc::SCHED_OTHER));
+            shared.idle[0].0.store(0, Ordering::Release);
+            shared.turn_on();
+            assert_eq!(p.before_wait(), Some(true));
+            assert_eq!(policy(), libc::SCHED_IDLE, "believed idle, but normal");
+            assert_ne!(shared.idle[0].0.load(Ordering::Relaxed), 0);
             assert!(p.after_wait());
         })
         .join()
@@ -694,16 +755,17 @@ mod tests {
             assert_eq!(p.before_wait(), Some(true));
             assert_eq!(policy(), libc::SCHED_IDLE);
             assert_ne!(shared.idle[0].0.load(Ordering::Relaxed), 0);
-            // A fresh running count above the allowance: back to normal
-            // before the next wait, and unflagged.
-            let now = shared.epoch.elapsed().as_micros() as u64 + 1;
+            // A fresh running count above the allowance (dated ahead, so
+            // it stays fresh however long this thread is preempted): back
+            // to normal before the next wait, and unflagged.
+            let ahead = shared.epoch.elapsed().as_micros() as u64 + 60_000_000;
             shared.running.store(100_000, Ordering::Relaxed);
-            shared.running_at_us.store(now, Ordering::Release);
+            shared.running_at_us.store(ahead, Ordering::Release);
             assert_eq!(p.before_wait(), Some(false));
             assert_eq!(policy(), libc::SCHED_OTHER);
             assert_eq!(shared.idle[0].0.load(Ordering::Relaxed), 0);
-            // Quiet again (the count goes stale and is read anew): idle.
-            std::thread::sleep(LOAD_FRESH * 2);
+            // Quiet again (no count yet: it is read anew): idle.
+            shared.running_at_us.store(0, Ordering::Release);
             assert_eq!(p.before_wait(), Some(true));
             // Callers stop bouncing: back to normal at the next wait.
             shared.until_ms.store(0, Ordering::Relaxed);
@@ -797,13 +859,17 @@ mod tests {
                 .store(unsafe { libc::gettid() }, Ordering::Release);
             let deadline = Instant::now() + Duration::from_secs(10);
             while policy() == libc::SCHED_IDLE && Instant::now() < deadline {}
-            s2.idle[0].0.store(0, Ordering::Release);
-            policy()
+            // The watchdog unflags it just after the policy change.
+            let deadline = Instant::now() + Duration::from_secs(1);
+            while s2.idle[0].0.load(Ordering::Acquire) != 0 && Instant::now() < deadline {}
+            let flagged = s2.idle[0].0.swap(0, Ordering::AcqRel);
+            (policy(), flagged)
         });
-        let back = kept_off.join().unwrap();
+        let (back, flagged) = kept_off.join().unwrap();
         stop.store(true, Ordering::Relaxed);
         busy.join().unwrap();
         assert_eq!(back, libc::SCHED_OTHER);
+        assert_eq!(flagged, 0, "returned to normal but still flagged idle");
         // Other work: no more idle waits until callers bounce again.
         assert!(!shared.on());
         shared.stop();

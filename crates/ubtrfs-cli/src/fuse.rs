@@ -1375,11 +1375,6 @@ impl FuseFs {
         if crtime.is_some() || chgtime.is_some() || bkuptime.is_some() || flags.is_some() {
             return reply.error(Errno::EOPNOTSUPP);
         }
-        if size.is_some() {
-            // A truncate writes back and frees extents: not a short
-            // request to serve under SCHED_IDLE.
-            fuse_ring::leave_idle();
-        }
         let change = write::Change {
             mode,
             uid,

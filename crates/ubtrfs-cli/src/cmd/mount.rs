@@ -450,6 +450,11 @@ fn open_fs(devices: &[PathBuf], read_only: bool) -> Result<Filesystem> {
     for warning in fs.warnings() {
         eprintln!("ubtrfs: warning: {warning}");
     }
+    // Ring threads serve short requests under SCHED_IDLE: long work
+    // (a commit, freeing extents) runs under the normal policy.
+    fs.set_before_long_work(|| {
+        fuse_ring::leave_idle();
+    });
     Ok(fs)
 }
 

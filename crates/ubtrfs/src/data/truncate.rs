@@ -106,6 +106,7 @@ impl Filesystem {
         new_size: u64,
         now: Timespec,
     ) -> Result<()> {
+        self.long_work_ahead();
         let inode = self.regular_file(id)?;
         if new_size > i64::MAX as u64 {
             return Err(Error::Invalid(format!(

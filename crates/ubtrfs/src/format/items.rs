@@ -414,6 +414,8 @@ impl FileExtentItem {
         }
     }
 
+    /// Offset of the extent type in the item.
+    pub const TYPE_OFF: usize = 20;
     /// Offset of inline data in the item.
     pub const INLINE_DATA_OFF: usize = 21;
     /// Size of a regular extent item.

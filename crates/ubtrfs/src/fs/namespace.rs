@@ -557,6 +557,13 @@ impl Filesystem {
             })
             .map(|it| it.map(|it| (it.key().offset, it.data().to_vec())))
             .collect::<Result<_>>()?;
+        let type_at = crate::format::items::FileExtentItem::TYPE_OFF;
+        if extents
+            .iter()
+            .any(|(_, d)| d.get(type_at) != Some(&FILE_EXTENT_INLINE))
+        {
+            self.long_work_ahead();
+        }
         for (offset, data) in &extents {
             self.drop_extent_ref(w, id, *offset, data)?;
         }
@@ -620,6 +627,43 @@ mod tests {
             rdev: 0,
         };
         t.fs().create(t.fs().root(), name, new).unwrap().id
+    }
+
+    thread_local! {
+        static LONG_WORK: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    }
+
+    fn long_work_seen() -> u32 {
+        LONG_WORK.with(|c| c.get())
+    }
+
+    #[test]
+    fn long_work_is_announced_and_short_work_is_not() {
+        let t = TestFs::new();
+        let fs = t.fs();
+        fs.set_before_long_work(|| LONG_WORK.with(|c| c.set(c.get() + 1)));
+        let empty = file(&t, b"empty");
+        let inline = file(&t, b"inline");
+        fs.write(inline, 0, b"data").unwrap();
+        let big = file(&t, b"big");
+        fs.write(big, 0, &[7u8; 64 << 10]).unwrap();
+        let seen = long_work_seen();
+        fs.commit().unwrap();
+        assert_eq!(long_work_seen(), seen + 1, "a commit");
+        // Files without extents of their own go at once.
+        let seen = long_work_seen();
+        fs.unlink(fs.root(), b"empty").unwrap();
+        fs.unlink(fs.root(), b"inline").unwrap();
+        assert_eq!(long_work_seen(), seen);
+        assert!(fs.stat(empty).is_err() && fs.stat(inline).is_err());
+        // One with an extent: its references are dropped.
+        let seen = long_work_seen();
+        fs.unlink(fs.root(), b"big").unwrap();
+        assert_eq!(long_work_seen(), seen + 1, "freeing extents");
+        let other = file(&t, b"other");
+        let seen = long_work_seen();
+        fs.truncate(other, 1 << 20).unwrap();
+        assert_eq!(long_work_seen(), seen + 1, "a truncate");
     }
 
     #[test]

@@ -72,6 +72,8 @@ pub struct Filesystem {
     /// The log root the superblocks on disk point at, once an fsync made
     /// them so, until the next change to the log takes note of it.
     pub(crate) log_durable: std::sync::Mutex<Option<crate::tree::RootPtr>>,
+    /// See [`Filesystem::set_before_long_work`].
+    pub(crate) before_long_work: std::sync::OnceLock<fn()>,
 }
 
 impl Filesystem {
@@ -163,9 +165,26 @@ impl Filesystem {
             supers_on_disk: std::sync::Mutex::new(on_disk),
             committed: std::sync::atomic::AtomicU64::new(on_disk),
             log_durable: std::sync::Mutex::new(None),
+            before_long_work: std::sync::OnceLock::new(),
         };
         fs.default_subvol = fs.find_default_subvol()?;
         Ok(fs)
+    }
+
+    /// Have `f` called, on the calling thread, before work that may hold
+    /// the change lock long: a commit, freeing a file's extents, a
+    /// truncate. A server that serves short requests at a low CPU priority
+    /// returns to its normal one there. Only the first call counts.
+    pub fn set_before_long_work(&self, f: fn()) {
+        let _ = self.before_long_work.set(f);
+    }
+
+    /// Work that may run long follows (see
+    /// [`Filesystem::set_before_long_work`]).
+    pub(crate) fn long_work_ahead(&self) {
+        if let Some(f) = self.before_long_work.get() {
+            f();
+        }
     }
 
     /// Inodes held open.

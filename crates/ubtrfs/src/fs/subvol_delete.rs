@@ -25,6 +25,7 @@ impl Filesystem {
     /// (the `rmdir` rule), a subvolume whose root directory has entries.
     pub fn delete_subvolume(&self, dir: InodeId, name: &[u8], only_empty: bool) -> Result<()> {
         let mut w = self.writer_deleting()?;
+        self.long_work_ahead();
         self.writable_dir(dir)?;
         w.check_writable(dir.subvol)?;
         let entry = self.find_name(dir, name)?;

@@ -201,17 +201,49 @@ impl Bouncing {
     }
 }
 
+/// The `/proc` files of a thread the watchdog looks at, kept open: opened
+/// anew at every look they cost more than the look itself.
+struct ThreadFiles {
+    tid: i32,
+    stat: File,
+    schedstat: File,
+}
+
+impl ThreadFiles {
+    fn open(tid: i32) -> Option<ThreadFiles> {
+        let dir = format!("/proc/self/task/{tid}");
+        Some(ThreadFiles {
+            tid,
+            stat: File::open(format!("{dir}/stat")).ok()?,
+            schedstat: File::open(format!("{dir}/schedstat")).ok()?,
+        })
+    }
+
+    /// Whether the thread is runnable now, and how long it has run in all
+    /// (nanoseconds); `None` once it is gone.
+    fn cpu_state(&self) -> Option<(bool, u64)> {
+        let mut buf = [0u8; 512];
+        let n = self.stat.read_at(&mut buf, 0).ok()?;
+        let stat = &buf[..n];
+        // "tid (comm) S ...": the state follows the last ')'.
+        let end = stat.iter().rposition(|&c| c == b')')?;
+        let runnable = stat.get(end + 2) == Some(&b'R');
+        let n = self.schedstat.read_at(&mut buf, 0).ok()?;
+        let sched = std::str::from_utf8(&buf[..n]).ok()?;
+        let ran = sched.split_ascii_whitespace().next()?.parse().ok()?;
+        Some((runnable, ran))
+    }
+}
+
 /// Whether thread `tid` of this process is runnable now, and how long it
-/// has run in all (nanoseconds); `None` for a thread that is gone (or a
-/// thread id that is not ours).
-fn cpu_state(tid: i32) -> Option<(bool, u64)> {
-    let stat = std::fs::read(format!("/proc/self/task/{tid}/stat")).ok()?;
-    // "tid (comm) S ...": the state follows the last ')'.
-    let end = stat.iter().rposition(|&c| c == b')')?;
-    let runnable = stat.get(end + 2) == Some(&b'R');
-    let sched = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
-    let ran = sched.split_ascii_whitespace().next()?.parse().ok()?;
-    Some((runnable, ran))
+/// has run in all (nanoseconds), through `files` (opened or reopened for
+/// `tid` as needed); `None` for a thread that is gone (or a thread id that
+/// is not ours).
+fn cpu_state(files: &mut Option<ThreadFiles>, tid: i32) -> Option<(bool, u64)> {
+    if files.as_ref().is_none_or(|f| f.tid != tid) {
+        *files = ThreadFiles::open(tid);
+    }
+    files.as_ref()?.cpu_state()
 }
 
 /// What a thread may have run between two looks and still count as kept
@@ -222,16 +254,22 @@ fn watch(weak: Weak<Bouncing>) {
     // Per ring thread: the thread id seen waiting idle and runnable at the
     // last look, and how long it had run then.
     let mut last: Vec<(i32, u64)> = Vec::new();
+    let mut files: Vec<Option<ThreadFiles>> = Vec::new();
     loop {
         let Some(b) = weak.upgrade() else { return };
         if b.stop.load(Ordering::Acquire) {
             return;
         }
         last.resize(b.idle.len(), (0, 0));
+        files.resize_with(b.idle.len(), || None);
         let mut waiting = false;
-        for (slot, seen) in b.idle.iter().zip(last.iter_mut()) {
+        for ((slot, seen), files) in b.idle.iter().zip(last.iter_mut()).zip(files.iter_mut()) {
             let tid = slot.0.load(Ordering::Acquire);
-            let state = if tid == 0 { None } else { cpu_state(tid) };
+            let state = if tid == 0 {
+                None
+            } else {
+                cpu_state(files, tid)
+            };
             waiting |= state.is_some();
             let Some((true, ran)) = state else {
                 *seen = (0, 0);

@@ -39,6 +39,11 @@ impl TestFs {
         self.fs.as_ref().expect("the filesystem failed to reopen")
     }
 
+    /// The image file.
+    pub fn image(&self) -> &std::path::Path {
+        &self.img
+    }
+
     /// Commit, close and open the image again, read-write.
     pub fn reopen(&mut self) -> Result<()> {
         if let Some(fs) = self.fs.take() {

@@ -38,7 +38,7 @@ pub struct TxnBlocks {
     /// Whether tree block items are METADATA_ITEMs (skinny metadata).
     skinny: bool,
     /// The extent tree's root, for looking up whether a block is shared.
-    extent_root: Option<RootPtr>,
+    pub(crate) extent_root: Option<RootPtr>,
     /// Per tree, bytes of tree blocks allocated minus freed in this
     /// transaction: the kernel keeps root items' `bytes_used` as the size
     /// of the tree and sizes its global reserve from it.
@@ -173,7 +173,7 @@ impl TxnBlocks {
     /// which it held by `held`: a block others share just loses this
     /// reference, a block the tree alone holds goes, with everything under
     /// it. Each block is read once; the walk is as deep as the tree.
-    fn drop_subtree(
+    pub(crate) fn drop_subtree(
         &mut self,
         reader: &TreeReader,
         tree_id: u64,

@@ -243,7 +243,12 @@ fn cpu_state(files: &mut Option<ThreadFiles>, tid: i32) -> Option<(bool, u64)> {
     if files.as_ref().is_none_or(|f| f.tid != tid) {
         *files = ThreadFiles::open(tid);
     }
-    files.as_ref()?.cpu_state()
+    let state = files.as_ref()?.cpu_state();
+    if state.is_none() {
+        // Gone: not kept for a thread that may come with its id.
+        *files = None;
+    }
+    state
 }
 
 /// What a thread may have run between two looks and still count as kept
@@ -279,11 +284,16 @@ fn watch(weak: Weak<Bouncing>) {
             // run between: woken, but kept off its CPU by other work. (A
             // thread that gets its CPU stops waiting idle at once.)
             if seen.0 == tid && ran.saturating_sub(seen.1) < BARELY_RAN.as_nanos() as u64 {
-                set_policy_of(tid, libc::SCHED_OTHER);
-                // Unflagged: the thread sees it and forgets it was idle.
-                let _ = slot
+                // Unflagged first, then back to normal (only if it was
+                // still flagged): the thread sees the flag gone and forgets
+                // it was idle, never to be left idle and unwatched.
+                if slot
                     .0
-                    .compare_exchange(tid, 0, Ordering::AcqRel, Ordering::Relaxed);
+                    .compare_exchange(tid, 0, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    set_policy_of(tid, libc::SCHED_OTHER);
+                }
                 b.until_ms.store(0, Ordering::Relaxed);
             }
             *seen = (tid, ran);
@@ -386,15 +396,16 @@ impl IdleWait {
     /// [`IDLE_WAIT_MAX`]). `None`: it was idle and could not return to the
     /// normal policy (see [`IdleWait::after_wait`]).
     pub(crate) fn before_wait(&mut self) -> Option<bool> {
-        if self.idle
-            && (!IDLE_HERE.get()
-                || self.shared.idle[self.index].0.load(Ordering::Acquire) != self.tid)
-        {
-            // A handler left idle ([`leave_idle`]), or the watchdog put
-            // the thread back to normal: decide anew.
+        if self.idle && !IDLE_HERE.get() {
+            // A handler left idle ([`leave_idle`]): decide anew.
             self.shared.idle[self.index].0.store(0, Ordering::Release);
             self.idle = false;
+        } else if self.idle && self.shared.idle[self.index].0.load(Ordering::Acquire) != self.tid {
+            // Unflagged by the watchdog, which puts it back to normal
+            // just after: done here too, so it holds whatever comes next.
+            self.idle = false;
             IDLE_HERE.set(false);
+            set_policy_of(0, libc::SCHED_OTHER);
         }
         if !self.shared.on() || !self.quiet() {
             // Served idle so far, but other work came up: back to normal.

@@ -109,7 +109,7 @@ impl TxnBlocks {
 impl TxnBlocks {
     /// References and extent flags of tree block `bytenr`, pending
     /// changes included.
-    fn block_info(
+    pub(crate) fn block_info(
         &self,
         reader: &TreeReader,
         tree_id: u64,

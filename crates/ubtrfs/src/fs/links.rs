@@ -263,7 +263,7 @@ impl Filesystem {
             match (src.kind == FileKind::Dir, d.kind == FileKind::Dir) {
                 (true, false) => return Err(Error::NotDir(show(new_name))),
                 (false, true) => return Err(Error::IsDir(show(new_name))),
-                (true, true) if !self.read_dir(d.id, 0)?.is_empty() => {
+                (true, true) if !self.read_dir_up_to(d.id, 0, 1)?.is_empty() => {
                     return Err(Error::NotEmpty(show(new_name)));
                 }
                 _ => {}

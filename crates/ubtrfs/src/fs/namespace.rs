@@ -439,7 +439,7 @@ impl Filesystem {
             drop(w);
             return self.delete_subvolume(dir, name, true);
         }
-        if !self.read_dir(entry.id, 0)?.is_empty() {
+        if !self.read_dir_up_to(entry.id, 0, 1)?.is_empty() {
             return Err(Error::NotEmpty(String::from_utf8_lossy(name).into_owned()));
         }
         let now = Timespec::now();
@@ -548,6 +548,20 @@ impl Filesystem {
     /// references to data extents.
     fn delete_inode_now(&self, w: &mut Writer, id: InodeId) -> Result<()> {
         let (lo, hi) = (Key::new(id.ino, 0, 0), Key::new(id.ino, u8::MAX, u64::MAX));
+        // Extents of its own (not inline data): reading them all may
+        // already take long.
+        let first_extent = self
+            .fs_tree(id.subvol)?
+            .range(
+                Key::new(id.ino, EXTENT_DATA_KEY, 0),
+                Key::new(id.ino, EXTENT_DATA_KEY, u64::MAX),
+            )?
+            .next()
+            .transpose()?;
+        let type_at = crate::format::items::FileExtentItem::TYPE_OFF;
+        if first_extent.is_some_and(|it| it.data().get(type_at) != Some(&FILE_EXTENT_INLINE)) {
+            self.long_work_ahead();
+        }
         let extents: Vec<(u64, Vec<u8>)> = self
             .fs_tree(id.subvol)?
             .range(lo, hi)?
@@ -557,13 +571,6 @@ impl Filesystem {
             })
             .map(|it| it.map(|it| (it.key().offset, it.data().to_vec())))
             .collect::<Result<_>>()?;
-        let type_at = crate::format::items::FileExtentItem::TYPE_OFF;
-        if extents
-            .iter()
-            .any(|(_, d)| d.get(type_at) != Some(&FILE_EXTENT_INLINE))
-        {
-            self.long_work_ahead();
-        }
         for (offset, data) in &extents {
             self.drop_extent_ref(w, id, *offset, data)?;
         }

@@ -73,7 +73,7 @@ impl Filesystem {
                 shown()
             )));
         }
-        if only_empty && !self.read_dir(entry.id, 0)?.is_empty() {
+        if only_empty && !self.read_dir_up_to(entry.id, 0, 1)?.is_empty() {
             return Err(Error::NotEmpty(shown()));
         }
         let (_, item) = self
@@ -227,6 +227,19 @@ mod tests {
     /// `btrfs check` then finds every reference exact.
     #[test]
     fn a_resumed_drop_skips_children_that_already_lost_their_reference() {
+        resume_a_drop_stopped_past_its_progress(false);
+    }
+
+    /// As above, with the leaves shared with a snapshot: a dropped leaf
+    /// keeps its extent item (the snapshot's reference), so only the
+    /// reference tells it was dropped. Dropping it again would free the
+    /// snapshot's leaf.
+    #[test]
+    fn a_resumed_drop_skips_shared_children_it_already_let_go() {
+        resume_a_drop_stopped_past_its_progress(true);
+    }
+
+    fn resume_a_drop_stopped_past_its_progress(snapshot: bool) {
         let mut t = TestFs::new();
         let fs = t.fs();
         let top = fs.root();
@@ -243,6 +256,14 @@ mod tests {
         }
         fs.commit().unwrap();
         let id = sv.subvol;
+        let keep = snapshot.then(|| {
+            let keep = fs.create_snapshot(id, top, b"keep", false).unwrap();
+            fs.commit().unwrap();
+            // The origin's root becomes its own again (a change copies it).
+            fs.create(sv, b"after-the-snapshot", new).unwrap();
+            fs.commit().unwrap();
+            (keep, fs.read_dir(keep, 0).unwrap().len())
+        });
         let (ptr, item) = fs.find_root(id).unwrap().unwrap();
         assert_eq!(ptr.level, 1, "a tree of leaves under one node");
         let reader = fs.tree_reader();
@@ -261,6 +282,17 @@ mod tests {
         {
             let mut w = fs.writer_deleting().unwrap();
             w.blocks.extent_root = fs.root_ptr(EXTENT_TREE_OBJECTID).unwrap();
+            let (_, flags) = w.blocks.block_info(reader, id, ptr.bytenr, 1).unwrap();
+            let by = if flags & BLOCK_FLAG_FULL_BACKREF != 0 {
+                BlockRef::Parent(ptr.bytenr)
+            } else {
+                BlockRef::Root(id)
+            };
+            if snapshot {
+                let leaf = root.key_ptr(saved).blockptr;
+                let (refs, _) = w.blocks.block_info(reader, id, leaf, 0).unwrap();
+                assert_eq!(refs, 2, "the snapshot shares the leaves");
+            }
             // What the kernel's deletion leaves: no name, no refs, an
             // orphan item for the cleaner...
             fs.unlink_subvol(&mut w, top, b"sv", id, Timespec::now())
@@ -268,9 +300,7 @@ mod tests {
             // ...and, from the cleaner, leaves gone and progress saved.
             for s in 0..reached {
                 let leaf = root.key_ptr(s).expect(1);
-                w.blocks
-                    .drop_subtree(reader, id, &leaf, BlockRef::Root(id))
-                    .unwrap();
+                w.blocks.drop_subtree(reader, id, &leaf, by).unwrap();
             }
             let key = Key::new(id, ROOT_ITEM_KEY, item_offset(fs, id));
             let mut raw = fs.root_tree().get(&key).unwrap().unwrap().data().to_vec();
@@ -302,6 +332,13 @@ mod tests {
             .unwrap()
             .count();
         assert_eq!(orphans, 0);
+        if let Some((keep, names)) = keep {
+            assert_eq!(fs.read_dir(keep, 0).unwrap().len(), names);
+            for i in (0..3000).step_by(97) {
+                let name = format!("file-{i:05}");
+                assert!(fs.lookup(keep, name.as_bytes()).is_ok(), "{name} is gone");
+            }
+        }
         fs.commit().unwrap();
         if let Err(e) = testkit::btrfs_check_file(t.image(), &[]) {
             panic!("after the resumed drop: {e:#}");

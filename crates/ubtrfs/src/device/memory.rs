@@ -11,6 +11,8 @@ pub struct MemDevice {
     name: PathBuf,
     data: Mutex<Vec<u8>>,
     counters: Counters,
+    /// The ranges asked to be written behind, as (offset, length).
+    behind: Mutex<Vec<(u64, u64)>>,
 }
 
 impl MemDevice {
@@ -20,6 +22,7 @@ impl MemDevice {
             name: name.into(),
             data: Mutex::new(data),
             counters: Counters::default(),
+            behind: Mutex::new(Vec::new()),
         }
     }
 
@@ -30,6 +33,12 @@ impl MemDevice {
     /// A copy of the current contents.
     pub fn snapshot(&self) -> Vec<u8> {
         self.lock().clone()
+    }
+
+    /// The ranges [`Device::write_behind`] was asked for so far, as
+    /// (offset, length); taken out.
+    pub fn take_written_behind(&self) -> Vec<(u64, u64)> {
+        std::mem::take(&mut *self.behind.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }
 
@@ -92,6 +101,14 @@ impl Device for MemDevice {
 
     fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    fn write_behind(&self, offset: u64, len: u64, _wait: bool) -> Result<()> {
+        self.behind
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((offset, len));
+        Ok(())
     }
 }
 

@@ -125,6 +125,9 @@ impl Volume {
     /// (within one chunk).
     pub fn write_behind(&self, logical: u64, len: usize, wait: bool) -> Result<()> {
         let chunk = self.chunks.lookup(logical)?;
+        if matches!(chunk.profile, Profile::Raid5 | Profile::Raid6) {
+            return self.parity_write_behind(&chunk, logical, len, wait);
+        }
         for mirror in 0..chunk.num_copies() {
             let mut done = 0usize;
             while done < len {

@@ -270,6 +270,55 @@ impl Volume {
         Ok(())
     }
 
+    /// [`Device::write_behind`] for what [`Volume::write_parity`] wrote of
+    /// `len` bytes at `logical`: the data in each stripe, and in each row
+    /// the parity columns the write changed. Missing devices are skipped
+    /// (a hint, as for the other profiles).
+    pub(super) fn parity_write_behind(
+        &self,
+        chunk: &Chunk,
+        logical: u64,
+        len: usize,
+        wait: bool,
+    ) -> Result<()> {
+        let n = chunk.item.stripes.len() as u64;
+        let data = n - chunk.profile.parity_stripes();
+        let sl = chunk.item.stripe_len;
+        let row_len = data * sl;
+        let start = logical.saturating_sub(chunk.logical);
+        let end = (start + len as u64).min(chunk.item.length);
+        let behind = |idx: u64, row: u64, col: u64, len: u64| -> Result<()> {
+            let s = &chunk.item.stripes[((idx + row) % n) as usize];
+            match self.devices.get(s.devid) {
+                Some(dev) => dev.write_behind(s.offset + row * sl + col, len, wait),
+                None => Ok(()),
+            }
+        };
+        let mut pos = start;
+        while pos < end {
+            let row = pos / row_len;
+            let row_start = row * row_len;
+            let (first, last) = (pos - row_start, end.min(row_start + row_len) - row_start);
+            // As `write_parity`: the columns of part of one stripe, or all.
+            let (c0, c1) = if first / sl == (last - 1) / sl {
+                (first % sl, (last - 1) % sl + 1)
+            } else {
+                (0, sl)
+            };
+            for i in 0..data {
+                let (lo, hi) = ((i * sl).max(first), ((i + 1) * sl).min(last));
+                if lo < hi {
+                    behind(i, row, lo - i * sl, hi - lo)?;
+                }
+            }
+            for p in data..n {
+                behind(p, row, c0, c1 - c0)?;
+            }
+            pos = row_start + last;
+        }
+        Ok(())
+    }
+
     /// Read `buf.len()` bytes at `logical` in RAID5/6 chunk `chunk` without
     /// trusting the stripes that hold them: each is rebuilt from the rest
     /// of its row, with P (`use_q` false) or, in RAID6, with Q in place of
@@ -612,6 +661,58 @@ mod random_tests {
     /// after round: each row's read-modify-write must see the others'
     /// finished writes, or parity goes stale. Parity is checked after every
     /// round.
+    /// Writes are paced ([`Device::write_behind`]) where they land: the
+    /// data in its stripes and the parity columns the write changed.
+    #[test]
+    fn write_behind_covers_the_parity_written_too() {
+        let sl = STRIPE_LEN;
+        let base = 1u64 << 30;
+        for raid6 in [false, true] {
+            let n = if raid6 { 4usize } else { 3 };
+            let data = n as u64 - if raid6 { 2 } else { 1 };
+            let rows = 4;
+            let offs: Vec<u64> = (0..n).map(|i| (i as u64 + 1) * 3 * sl).collect();
+            let size = (offs[n - 1] + rows * sl + 4 * sl) as usize;
+            let mems: Vec<Arc<MemDevice>> = (0..n)
+                .map(|i| Arc::new(MemDevice::new(format!("d{i}"), vec![0; size])))
+                .collect();
+            let vol = volume(&mems, &[], base, &chunk_item(raid6, rows, &offs));
+            let taken = || -> Vec<(usize, u64, u64)> {
+                let mut v: Vec<_> = mems
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(d, m)| {
+                        m.take_written_behind()
+                            .into_iter()
+                            .map(move |(o, l)| (d, o, l))
+                    })
+                    .collect();
+                v.sort_unstable();
+                v
+            };
+            // Stripe `idx` of row `row` is on device (idx + row) % n.
+            let at = |idx: u64, row: u64, col: u64, len: u64| {
+                let d = ((idx + row) % n as u64) as usize;
+                (d, offs[d] + row * sl + col, len)
+            };
+            // Row 1 whole: every stripe of it, parity included.
+            vol.write_behind(base + data * sl, (data * sl) as usize, false)
+                .unwrap();
+            let mut want: Vec<_> = (0..n as u64).map(|i| at(i, 1, 0, sl)).collect();
+            want.sort_unstable();
+            assert_eq!(taken(), want, "raid6 {raid6}: a whole row");
+            // 100 bytes inside the second data stripe of row 2: those, and
+            // the same columns of the parity.
+            vol.write_behind(base + 2 * data * sl + sl + 10, 100, false)
+                .unwrap();
+            let mut want: Vec<_> = std::iter::once(at(1, 2, 10, 100))
+                .chain((data..n as u64).map(|p| at(p, 2, 10, 100)))
+                .collect();
+            want.sort_unstable();
+            assert_eq!(taken(), want, "raid6 {raid6}: part of a stripe");
+        }
+    }
+
     #[test]
     fn concurrent_writes_to_shared_rows_keep_parity() {
         let (n, sl, rows) = (4usize, STRIPE_LEN, 4u64);

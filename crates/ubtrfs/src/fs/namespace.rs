@@ -548,27 +548,22 @@ impl Filesystem {
     /// references to data extents.
     fn delete_inode_now(&self, w: &mut Writer, id: InodeId) -> Result<()> {
         let (lo, hi) = (Key::new(id.ino, 0, 0), Key::new(id.ino, u8::MAX, u64::MAX));
-        // Extents of its own (not inline data): reading them all may
-        // already take long.
-        let first_extent = self
-            .fs_tree(id.subvol)?
+        let tree = self.fs_tree(id.subvol)?;
+        let mut items = tree
             .range(
                 Key::new(id.ino, EXTENT_DATA_KEY, 0),
                 Key::new(id.ino, EXTENT_DATA_KEY, u64::MAX),
             )?
-            .next()
-            .transpose()?;
+            .peekable();
+        // Extents of its own (not inline data): reading them all may
+        // already take long.
         let type_at = crate::format::items::FileExtentItem::TYPE_OFF;
-        if first_extent.is_some_and(|it| it.data().get(type_at) != Some(&FILE_EXTENT_INLINE)) {
+        if let Some(Ok(first)) = items.peek()
+            && first.data().get(type_at) != Some(&FILE_EXTENT_INLINE)
+        {
             self.long_work_ahead();
         }
-        let extents: Vec<(u64, Vec<u8>)> = self
-            .fs_tree(id.subvol)?
-            .range(lo, hi)?
-            .filter(|it| {
-                it.as_ref()
-                    .map_or(true, |it| it.key().item_type == EXTENT_DATA_KEY)
-            })
+        let extents: Vec<(u64, Vec<u8>)> = items
             .map(|it| it.map(|it| (it.key().offset, it.data().to_vec())))
             .collect::<Result<_>>()?;
         for (offset, data) in &extents {

@@ -183,6 +183,41 @@ pub(crate) fn syndromes(data: &[Vec<u8>], raid6: bool) -> (Vec<u8>, Vec<u8>) {
     (p, q)
 }
 
+/// The part of one RAID5/6 row a write from chunk offset `pos` to `end`
+/// covers: the row, where it starts, the written bytes' offsets in it
+/// (`first..last`), and the columns of each stripe they change (`c0..c1`:
+/// part of one stripe, or all).
+struct RowSpan {
+    row: u64,
+    row_start: u64,
+    first: u64,
+    last: u64,
+    c0: u64,
+    c1: u64,
+}
+
+impl RowSpan {
+    fn at(pos: u64, end: u64, row_len: u64, stripe_len: u64) -> RowSpan {
+        let sl = stripe_len;
+        let row = pos / row_len;
+        let row_start = row * row_len;
+        let (first, last) = (pos - row_start, end.min(row_start + row_len) - row_start);
+        let (c0, c1) = if first / sl == (last - 1) / sl {
+            (first % sl, (last - 1) % sl + 1)
+        } else {
+            (0, sl)
+        };
+        RowSpan {
+            row,
+            row_start,
+            first,
+            last,
+            c0,
+            c1,
+        }
+    }
+}
+
 impl Volume {
     /// Write `buf` at `logical` in RAID5/6 chunk `chunk`, keeping each
     /// row's parity right. Each row is held while it is read and
@@ -206,16 +241,15 @@ impl Volume {
         }
         let mut pos = start;
         while pos < end {
-            let row = pos / row_len;
+            let RowSpan {
+                row,
+                row_start,
+                first,
+                last,
+                c0,
+                c1,
+            } = RowSpan::at(pos, end, row_len, sl);
             let _held = self.rows.hold(chunk.logical, row);
-            let row_start = row * row_len;
-            let (first, last) = (pos - row_start, end.min(row_start + row_len) - row_start);
-            // The columns the write changes: part of one stripe, or all.
-            let (c0, c1) = if first / sl == (last - 1) / sl {
-                (first % sl, (last - 1) % sl + 1)
-            } else {
-                (0, sl)
-            };
             let width = (c1 - c0) as usize;
             if row_start + row_len > chunk.item.length {
                 return Err(Error::corrupt(format!(
@@ -296,15 +330,14 @@ impl Volume {
         };
         let mut pos = start;
         while pos < end {
-            let row = pos / row_len;
-            let row_start = row * row_len;
-            let (first, last) = (pos - row_start, end.min(row_start + row_len) - row_start);
-            // As `write_parity`: the columns of part of one stripe, or all.
-            let (c0, c1) = if first / sl == (last - 1) / sl {
-                (first % sl, (last - 1) % sl + 1)
-            } else {
-                (0, sl)
-            };
+            let RowSpan {
+                row,
+                row_start,
+                first,
+                last,
+                c0,
+                c1,
+            } = RowSpan::at(pos, end, row_len, sl);
             for i in 0..data {
                 let (lo, hi) = ((i * sl).max(first), ((i + 1) * sl).min(last));
                 if lo < hi {

@@ -102,6 +102,9 @@ struct Model {
     since: BTreeMap<String, Vec<Option<Node>>>,
     fsyncs: usize,
     ops: usize,
+    /// Every operation started, with the paths it named: a failure
+    /// prints those that touched the paths found wrong.
+    journal: Vec<(String, Vec<String>)>,
 }
 
 impl Model {
@@ -111,6 +114,7 @@ impl Model {
             since: BTreeMap::new(),
             fsyncs: 0,
             ops: 0,
+            journal: Vec::new(),
         };
         m.durable();
         m
@@ -167,6 +171,25 @@ impl Model {
         if !v.contains(&state) {
             v.push(state);
         }
+    }
+
+    /// Note operation `what` on `paths` in the journal.
+    fn log(&mut self, what: String, paths: &[&str]) {
+        self.journal
+            .push((what, paths.iter().map(|p| p.to_string()).collect()));
+    }
+
+    /// The journal's entries that named `path`, a directory above it or
+    /// a path below it.
+    fn history_of(&self, path: &str) -> Vec<&str> {
+        self.journal
+            .iter()
+            .filter(|(_, ps)| {
+                ps.iter()
+                    .any(|p| p == path || is_under(path, p) || is_under(p, path))
+            })
+            .map(|(w, _)| w.as_str())
+            .collect()
     }
 
     fn dirs(&self) -> Vec<String> {
@@ -269,6 +292,7 @@ fn step(mnt: &Path, m: &mut Model, rng: &mut Rng) -> Result<(), String> {
         0..=1 if !files.is_empty() => {
             let p = rng.pick(&files).clone();
             m.note(&p, None);
+            m.log(format!("unlink {p}"), &[&p]);
             io(&format!("unlink {p}"), fs::remove_file(abs(&p)))?;
             m.tree.remove(&p);
             touched = parent_of(&p).to_string();
@@ -283,6 +307,7 @@ fn step(mnt: &Path, m: &mut Model, rng: &mut Rng) -> Result<(), String> {
                 return Ok(());
             };
             m.note(&d, None);
+            m.log(format!("rmdir {d}"), &[&d]);
             io(&format!("rmdir {d}"), fs::remove_dir(abs(&d)))?;
             m.tree.remove(&d);
             touched = parent_of(&d).to_string();
@@ -297,6 +322,13 @@ fn step(mnt: &Path, m: &mut Model, rng: &mut Rng) -> Result<(), String> {
             let d = data(rng);
             m.note(&p, Some(Node::File(Vec::new())));
             m.note(&p, Some(Node::File(d.clone())));
+            m.log(
+                format!(
+                    "write {p}: {}",
+                    Node::describe(&Some(Node::File(d.clone())))
+                ),
+                &[&p],
+            );
             io(&format!("write {p}"), fs::write(abs(&p), &d))?;
             m.tree.insert(p.clone(), Node::File(d));
             touched = p;
@@ -311,6 +343,7 @@ fn step(mnt: &Path, m: &mut Model, rng: &mut Rng) -> Result<(), String> {
             let mut new = old;
             new.extend_from_slice(&add);
             m.note(&p, Some(Node::File(new.clone())));
+            m.log(format!("append {} bytes to {p}", add.len()), &[&p]);
             let mut f = io(
                 &format!("open {p} for append"),
                 OpenOptions::new().append(true).open(abs(&p)),
@@ -333,6 +366,7 @@ fn step(mnt: &Path, m: &mut Model, rng: &mut Rng) -> Result<(), String> {
             }
             new[at..at + d.len()].copy_from_slice(&d);
             m.note(&p, Some(Node::File(new.clone())));
+            m.log(format!("pwrite {} bytes to {p} at {at}", d.len()), &[&p]);
             let f = io(
                 &format!("open {p}"),
                 OpenOptions::new().write(true).open(abs(&p)),
@@ -353,6 +387,7 @@ fn step(mnt: &Path, m: &mut Model, rng: &mut Rng) -> Result<(), String> {
             let len = rng.below(d.len() * 2 + 5000);
             d.resize(len, 0);
             m.note(&p, Some(Node::File(d.clone())));
+            m.log(format!("truncate {p} to {len}"), &[&p]);
             let f = io(
                 &format!("open {p}"),
                 OpenOptions::new().write(true).open(abs(&p)),
@@ -372,6 +407,7 @@ fn step(mnt: &Path, m: &mut Model, rng: &mut Rng) -> Result<(), String> {
                 return Ok(());
             }
             m.note(&p, Some(Node::Dir));
+            m.log(format!("mkdir {p}"), &[&p]);
             io(&format!("mkdir {p}"), fs::create_dir(abs(&p)))?;
             m.tree.insert(p.clone(), Node::Dir);
             touched = p;
@@ -444,6 +480,7 @@ fn step(mnt: &Path, m: &mut Model, rng: &mut Rng) -> Result<(), String> {
             for (k, s) in changes {
                 m.note(&k, s);
             }
+            m.log(format!("rename {src} to {dst}"), &[&src, &dst]);
             io(
                 &format!("rename {src} to {dst}"),
                 fs::rename(abs(&src), abs(&dst)),
@@ -458,12 +495,14 @@ fn step(mnt: &Path, m: &mut Model, rng: &mut Rng) -> Result<(), String> {
             touched.clone()
         } else {
             if m.tree.contains_key(&touched) {
+                m.log(format!("fsync {touched}"), &[&touched]);
                 let f = io(&format!("open {touched}"), File::open(abs(&touched)))?;
                 io(&format!("fsync {touched}"), f.sync_all())?;
                 m.file_synced(&touched);
             }
             parent_of(&touched).to_string()
         };
+        m.log(format!("fsync dir {dir:?}"), &[&dir]);
         let f = io(&format!("open dir {dir:?}"), File::open(abs(&dir)))?;
         io(&format!("fsync dir {dir:?}"), f.sync_all())?;
         m.dir_synced(&dir);
@@ -496,7 +535,7 @@ fn torn_fits(found: &[u8], states: &[Option<Node>]) -> bool {
 }
 
 /// Every difference between what was found and what the model allows.
-fn check_against(model: &Model, found: &Tree) -> Vec<String> {
+fn check_against(model: &Model, found: &Tree) -> Vec<(String, String)> {
     let mut bad = Vec::new();
     for (p, states) in &model.since {
         let f = found.get(p).cloned();
@@ -511,22 +550,28 @@ fn check_against(model: &Model, found: &Tree) -> Vec<String> {
         }
         let allowed: Vec<String> = states.iter().map(Node::describe).collect();
         let durable = states.len() == 1;
-        bad.push(format!(
-            "{p}: found {}, {}: {}",
-            Node::describe(&f),
-            if durable {
-                "durable since the last fsync as"
-            } else {
-                "allowed"
-            },
-            allowed.join(" | ")
+        bad.push((
+            p.clone(),
+            format!(
+                "{p}: found {}, {}: {}",
+                Node::describe(&f),
+                if durable {
+                    "durable since the last fsync as"
+                } else {
+                    "allowed"
+                },
+                allowed.join(" | ")
+            ),
         ));
     }
     for (p, n) in found {
         if !model.since.contains_key(p) {
-            bad.push(format!(
-                "{p}: found {}, never made",
-                Node::describe(&Some(n.clone()))
+            bad.push((
+                p.clone(),
+                format!(
+                    "{p}: found {}, never made",
+                    Node::describe(&Some(n.clone()))
+                ),
             ));
         }
     }
@@ -718,13 +763,21 @@ fn kill_rounds(name: &str, mount_opts: &str, default_rounds: u64) {
             d.join("\n")
         );
         let bad = check_against(&model, &found);
+        let history: Vec<String> = bad
+            .iter()
+            .map(|(p, _)| format!("what touched {p}:\n  {}", model.history_of(p).join("\n  ")))
+            .collect();
         assert!(
             bad.is_empty(),
             "{ctx}: after {} operations and {} fsyncs, killed after {delay:?}, the image does not \
-             hold what the model allows:\n{}",
+             hold what the model allows:\n{}\n{}",
             model.ops,
             model.fsyncs,
-            bad.join("\n")
+            bad.iter()
+                .map(|(_, m)| m.as_str())
+                .collect::<Vec<_>>()
+                .join("\n"),
+            history.join("\n")
         );
         let changed = model.since.iter().filter(|(_, s)| s.len() > 1).count();
         eprintln!(

@@ -224,6 +224,59 @@ fn new_file_below_a_moved_directory_is_not_at_its_old_place() {
     let _ = y;
 }
 
+/// A file the commit had, in a directory whose parent moved since,
+/// rewritten and fsync'd: it is found where it was when fsync'd, not at
+/// the directory's old place (where a log of the file alone would leave
+/// it).
+#[test]
+fn old_file_below_a_moved_directory_is_found_where_it_is() {
+    let t = testkit::TestDir::new("names-old-file-moved-parent").unwrap();
+    let img = image(&t);
+    let fs = Filesystem::open_read_write(&[&img]).unwrap();
+    let root = fs.root();
+    let a = fs.mkdir(root, b"A", 0o755, 0, 0).unwrap().id;
+    let d = fs.mkdir(a, b"D", 0o755, 0, 0).unwrap().id;
+    let x = fs.create(d, b"x", FILE).unwrap().id;
+    fs.write(x, 0, b"old data").unwrap();
+    let other = fs.create(root, b"o", FILE).unwrap().id;
+    fs.commit().unwrap();
+    // An fsync elsewhere logs: the log itself works here.
+    fs.write(other, 0, b"o").unwrap();
+    assert_eq!(fs.fsync(other, false).unwrap(), Synced::Logged);
+    fs.rename(root, b"A", root, b"B", 0).unwrap();
+    fs.truncate(x, 0).unwrap();
+    fs.write(x, 0, b"new").unwrap();
+    fs.fsync(x, false).unwrap();
+    drop(fs);
+    let fs = crash(&t, &img, "old-file");
+    let mut top = names(&fs, root);
+    top.sort();
+    assert_eq!(top, ["B", "o"]);
+    assert_eq!(read(&fs, "/B/D/x").as_deref(), Some(&b"new"[..]));
+}
+
+/// The same with the file's own directory moved.
+#[test]
+fn old_file_in_a_moved_directory_is_found_where_it_is() {
+    let t = testkit::TestDir::new("names-old-file-moved-dir").unwrap();
+    let img = image(&t);
+    let fs = Filesystem::open_read_write(&[&img]).unwrap();
+    let root = fs.root();
+    let a = fs.mkdir(root, b"A", 0o755, 0, 0).unwrap().id;
+    let q = fs.mkdir(root, b"Q", 0o755, 0, 0).unwrap().id;
+    let d = fs.mkdir(a, b"D", 0o755, 0, 0).unwrap().id;
+    let x = fs.create(d, b"x", FILE).unwrap().id;
+    fs.write(x, 0, b"old data").unwrap();
+    fs.commit().unwrap();
+    fs.rename(a, b"D", q, b"D", 0).unwrap();
+    fs.write(x, 0, b"new").unwrap();
+    fs.fsync(x, false).unwrap();
+    drop(fs);
+    let fs = crash(&t, &img, "old-file-dir");
+    assert_eq!(read(&fs, "/A/D/x"), None);
+    assert_eq!(read(&fs, "/Q/D/x").as_deref(), Some(&b"new data"[..]));
+}
+
 /// A directory fsync takes the new directories below it with it, and
 /// theirs: their files come back (empty, as in the kernel's log, unless
 /// fsync'd themselves), though nobody fsync'd those directories.

@@ -18,7 +18,9 @@
 //!
 //! A directory the last commit had and that moved since is not logged:
 //! its subtree would show at the new place as committed, which it never
-//! was there. Such an fsync commits, as the kernel's does.
+//! was there. Such an fsync commits, as the kernel's does. So does the
+//! fsync of an inode in such a directory or below one: a log of the inode
+//! alone would show it at the directory's old place.
 //!
 //! What must be logged closes over itself: a directory's changed entries
 //! name inodes whose other names may have changed too, whose directories
@@ -383,6 +385,16 @@ pub(super) fn plan(
                 let (now, before) = (names_of(cur, ino)?, names_of(old, ino)?);
                 if now == before && !force && !plan.dirs.contains_key(&ino) {
                     continue;
+                }
+                // An inode fsync'd in a directory moved since the commit
+                // (or below one): a replay would show it at the old place,
+                // where it no longer is. The fsync commits instead.
+                if force {
+                    for r in &now {
+                        if r.parent != ino && !unmoved(cur, old, r.parent)? {
+                            return Ok(None);
+                        }
+                    }
                 }
                 // A directory the commit had, moved since: what lies under
                 // it would show at its new place as the commit had it, a

@@ -246,7 +246,7 @@ fn old_file_below_a_moved_directory_is_found_where_it_is() {
     fs.rename(root, b"A", root, b"B", 0).unwrap();
     fs.truncate(x, 0).unwrap();
     fs.write(x, 0, b"new").unwrap();
-    fs.fsync(x, false).unwrap();
+    assert_eq!(fs.fsync(x, false).unwrap(), Synced::Committed);
     drop(fs);
     let fs = crash(&t, &img, "old-file");
     let mut top = names(&fs, root);
@@ -270,11 +270,53 @@ fn old_file_in_a_moved_directory_is_found_where_it_is() {
     fs.commit().unwrap();
     fs.rename(a, b"D", q, b"D", 0).unwrap();
     fs.write(x, 0, b"new").unwrap();
-    fs.fsync(x, false).unwrap();
+    assert_eq!(fs.fsync(x, false).unwrap(), Synced::Committed);
     drop(fs);
     let fs = crash(&t, &img, "old-file-dir");
     assert_eq!(read(&fs, "/A/D/x"), None);
     assert_eq!(read(&fs, "/Q/D/x").as_deref(), Some(&b"new data"[..]));
+}
+
+/// Files whose directories did not move are logged, not committed,
+/// however deep, beside a directory that moved, in a directory new since
+/// the commit, with a second name, in a nested subvolume.
+#[test]
+fn files_in_unmoved_directories_are_logged() {
+    let t = testkit::TestDir::new("names-unmoved-logged").unwrap();
+    let img = image(&t);
+    let fs = Filesystem::open_read_write(&[&img]).unwrap();
+    let root = fs.root();
+    let a = fs.mkdir(root, b"A", 0o755, 0, 0).unwrap().id;
+    let b = fs.mkdir(a, b"B", 0o755, 0, 0).unwrap().id;
+    let c = fs.mkdir(b, b"C", 0o755, 0, 0).unwrap().id;
+    fs.mkdir(a, b"moving", 0o755, 0, 0).unwrap();
+    let deep = fs.create(c, b"deep", FILE).unwrap().id;
+    let linked = fs.create(b, b"linked", FILE).unwrap().id;
+    fs.link(linked, c, b"second").unwrap();
+    let s = fs.create_subvolume(b, b"S", 0, 0).unwrap();
+    let in_sub = fs.create(s, b"f", FILE).unwrap().id;
+    fs.commit().unwrap();
+    fs.rename(a, b"moving", root, b"moved", 0).unwrap();
+    let fresh = fs.mkdir(c, b"fresh", 0o755, 0, 0).unwrap().id;
+    let new = fs.create(fresh, b"new", FILE).unwrap().id;
+    for (what, id) in [
+        ("deep", deep),
+        ("linked", linked),
+        ("new", new),
+        ("in the subvolume", in_sub),
+    ] {
+        fs.write(id, 0, what.as_bytes()).unwrap();
+        assert_eq!(fs.fsync(id, false).unwrap(), Synced::Logged, "{what}");
+    }
+    drop(fs);
+    let fs = crash(&t, &img, "unmoved");
+    assert_eq!(read(&fs, "/A/B/C/deep").as_deref(), Some(&b"deep"[..]));
+    assert_eq!(read(&fs, "/A/B/C/second").as_deref(), Some(&b"linked"[..]));
+    assert_eq!(read(&fs, "/A/B/C/fresh/new").as_deref(), Some(&b"new"[..]));
+    assert_eq!(
+        read(&fs, "/A/B/S/f").as_deref(),
+        Some(&b"in the subvolume"[..])
+    );
 }
 
 /// A directory fsync takes the new directories below it with it, and

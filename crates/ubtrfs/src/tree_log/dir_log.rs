@@ -19,8 +19,10 @@
 //! A directory the last commit had and that moved since is not logged:
 //! its subtree would show at the new place as committed, which it never
 //! was there. Such an fsync commits, as the kernel's does. So does the
-//! fsync of an inode in such a directory or below one: a log of the inode
-//! alone would show it at the directory's old place.
+//! fsync of a file in such a directory or below one ([`file_in_place`]):
+//! a log of the file alone would show it at the directory's old place.
+//! (The walk up stops at the subvolume's root: a directory moved above a
+//! subvolume's link goes unseen.)
 //!
 //! What must be logged closes over itself: a directory's changed entries
 //! name inodes whose other names may have changed too, whose directories
@@ -323,6 +325,21 @@ fn unmoved(cur: &Tree<'_>, old: &Tree<'_>, dir: u64) -> Result<bool> {
     Ok(false)
 }
 
+/// Whether every directory that holds a name of file `ino` (and every
+/// directory above) has the names the last commit gave it. Else a log of
+/// the file would show it, after a replay, at a directory's old place,
+/// where it no longer is: its fsync commits instead. (A directory the
+/// file is fsync'd for is looked at by [`plan`] already.)
+pub(super) fn file_in_place(cur: &Tree<'_>, old: &Tree<'_>, ino: u64) -> Result<bool> {
+    let parents: BTreeSet<u64> = names_of(cur, ino)?.iter().map(|r| r.parent).collect();
+    for p in parents {
+        if !unmoved(cur, old, p)? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 /// The DIR_LOG_INDEX ranges for a directory whose entries at `changed`
 /// indexes differ from the committed ones and at `same` indexes do not:
 /// each run of changed indexes, up to the next unchanged one (or the end
@@ -385,16 +402,6 @@ pub(super) fn plan(
                 let (now, before) = (names_of(cur, ino)?, names_of(old, ino)?);
                 if now == before && !force && !plan.dirs.contains_key(&ino) {
                     continue;
-                }
-                // An inode fsync'd in a directory moved since the commit
-                // (or below one): a replay would show it at the old place,
-                // where it no longer is. The fsync commits instead.
-                if force {
-                    for r in &now {
-                        if r.parent != ino && !unmoved(cur, old, r.parent)? {
-                            return Ok(None);
-                        }
-                    }
                 }
                 // A directory the commit had, moved since: what lies under
                 // it would show at its new place as the commit had it, a

@@ -404,6 +404,9 @@ impl Filesystem {
             };
             let cur = self.fs_tree(subvol)?;
             let old = self.tree_reader().tree(old_root);
+            if subvol == id.subvol && !is_dir && !dir_log::file_in_place(&cur, &old, id.ino)? {
+                return Ok(false);
+            }
             let none = dir_log::Removed::new();
             let logged = dir_log::Logged {
                 subvol,

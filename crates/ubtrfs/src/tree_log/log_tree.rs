@@ -413,11 +413,12 @@ impl LogTree {
         self.inodes.insert(id, inode);
     }
 
-    /// Write the log's changed blocks and make ready the superblocks that
-    /// point at it; [`LogSync::finish`] then makes it durable (one cache
-    /// flush per device, which also makes the data the log points at
-    /// durable, then each device's superblock by FUA if the log's root
-    /// moved) without the change lock, and [`LogTree::synced`] records it.
+    /// Seal the log's changed blocks and make ready the superblocks that
+    /// point at it; [`LogSync::finish`] then writes the blocks and makes
+    /// them durable (one cache flush per device, which also makes the data
+    /// the log points at durable, then each device's superblock by FUA if
+    /// the log's root moved) without the change lock, and
+    /// [`LogTree::synced`] records it.
     pub(crate) fn sync_start(
         &mut self,
         alloc: &mut Allocator,
@@ -428,26 +429,23 @@ impl LogTree {
         if self.changed || self.root_tree.is_none() {
             self.update_root_tree(alloc)?;
         }
-        let mut buf = Vec::new();
-        for node in self.reader.dirty_blocks() {
-            buf.clear();
-            node.seal_into(csum_type, &mut buf);
-            volume.write(node.header.bytenr, &buf)?;
-        }
-        // Written: a later change copies these blocks, so they stay as the
-        // superblocks about to point at them say.
+        // Written off the change lock by `finish`: a later change copies
+        // these blocks, so they stay as the superblocks about to point at
+        // them say (and the next log change waits for this fsync's turn).
+        let blocks = self.reader.dirty_blocks();
         self.reader.commit_done(self.transid);
         self.changed = false;
         let root = self
             .root_tree
             .ok_or_else(|| Error::corrupt("the log has no root tree"))?;
-        let mut generation = 0;
+        let generation = supers.values().next().map_or(0, |raw| {
+            u64::from_le_bytes(raw[0x48..0x50].try_into().unwrap_or_default())
+        });
         let mut pointing = Vec::new();
         if self.synced_root != Some(root) {
             for (devid, raw) in supers {
                 let mut sb = raw.clone();
                 let s = &mut sb[..];
-                generation = u64::from_le_bytes(s[0x48..0x50].try_into().unwrap_or_default());
                 s[0x60..0x68].copy_from_slice(&root.bytenr.to_le_bytes());
                 s[0x68..0x70].copy_from_slice(&0u64.to_le_bytes());
                 s[0xc8] = root.level;
@@ -461,6 +459,8 @@ impl LogTree {
             volume: volume.clone(),
             root,
             generation,
+            blocks,
+            csum_type,
             supers: pointing,
         })
     }
@@ -528,6 +528,9 @@ pub(crate) struct LogSync {
     /// The generation of the superblocks on disk when the log was
     /// written, which `supers` repeat.
     generation: u64,
+    /// The log's blocks changed since its last sync, to write.
+    blocks: Vec<Arc<Node>>,
+    csum_type: CsumType,
     /// Each device's superblock pointing at `root` (none if the ones on
     /// disk already do).
     supers: Vec<(u64, Box<[u8; SUPER_SIZE]>)>,
@@ -539,11 +542,27 @@ impl LogSync {
         self.root
     }
 
-    /// Flush every device, then write the superblocks pointing at the log,
-    /// unless a commit wrote newer ones since (`on_disk` holds the
-    /// generation of the superblocks on disk, and is held while they are
-    /// written). True if the superblocks on disk now point at the log.
+    /// Write the log's blocks, flush every device, then write the
+    /// superblocks pointing at the log; all unless a commit wrote newer
+    /// superblocks since (`on_disk` holds the generation of the
+    /// superblocks on disk, and is held while these are written). True if
+    /// the superblocks on disk now point at the log.
     pub(crate) fn finish(self, on_disk: &std::sync::Mutex<u64>) -> Result<bool> {
+        if !self.blocks.is_empty() {
+            let written = on_disk.lock().unwrap_or_else(|e| e.into_inner());
+            // A commit since dropped the log, and freed its blocks for the
+            // transactions after it: writing them now could overwrite what
+            // those wrote there.
+            if *written != self.generation {
+                return Ok(false);
+            }
+            let mut buf = Vec::new();
+            for node in &self.blocks {
+                buf.clear();
+                node.seal_into(self.csum_type, &mut buf);
+                self.volume.write(node.header.bytenr, &buf)?;
+            }
+        }
         for (_, dev) in self.volume.devices.iter() {
             dev.flush()?;
         }

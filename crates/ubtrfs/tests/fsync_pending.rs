@@ -145,3 +145,59 @@ fn an_fsync_in_two_steps_logs_only_data_written_back() {
     drop(fs);
     testkit::btrfs_check_file(&crashed, &[]).unwrap();
 }
+
+/// (writes, FUA writes) of every device so far.
+fn writes(fs: &Filesystem) -> Vec<(u64, u64)> {
+    use ubtrfs::device::Counters;
+    fs.tree_reader()
+        .volume()
+        .devices
+        .iter()
+        .map(|(_, d)| {
+            let c = d.counters();
+            (Counters::get(&c.writes), Counters::get(&c.fua_writes))
+        })
+        .collect()
+}
+
+/// The log's blocks are written while the fsync waits for the device, off
+/// the change lock. A commit in between drops the log and frees its
+/// blocks for the transactions after it, which may write their own blocks
+/// there: the late fsync must then write nothing at all.
+#[test]
+fn blocks_of_a_log_a_commit_dropped_are_not_written_late() {
+    let (_dir, img, fs, a) = with_file_a("fsync-pending-late");
+    let root = fs.root();
+    // Many extents, so the log spans several blocks.
+    for i in 0..600u64 {
+        fs.write(a, i * 8192, &[i as u8 | 1; 4096]).unwrap();
+    }
+    let pending = fs.fsync_start(a, false).unwrap();
+    fs.commit().unwrap();
+    let mut files = Vec::new();
+    for i in 0..50 {
+        let name = format!("f{i}");
+        let f = fs.create(root, name.as_bytes(), FILE).unwrap().id;
+        fs.write(f, 0, name.as_bytes()).unwrap();
+        files.push(name);
+    }
+    fs.commit().unwrap();
+    let before = writes(&fs);
+    assert_eq!(pending.wait().unwrap(), Synced::Logged);
+    assert_eq!(writes(&fs), before, "the fsync wrote after the commits");
+    drop(fs);
+    testkit::btrfs_check_file(&img, &[]).unwrap();
+    let fs = Filesystem::open(&[&img]).unwrap();
+    for name in &files {
+        let f = fs.lookup(root, name.as_bytes()).unwrap().id;
+        assert_eq!(fs.read_all(f).unwrap(), name.as_bytes());
+    }
+    let a = fs.lookup(root, b"a").unwrap().id;
+    let data = fs.read_all(a).unwrap();
+    assert_eq!(data.len(), 599 * 8192 + 4096);
+    assert!(
+        data.chunks(8192)
+            .enumerate()
+            .all(|(i, c)| c[..4096] == [i as u8 | 1; 4096])
+    );
+}

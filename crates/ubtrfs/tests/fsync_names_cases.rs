@@ -277,6 +277,34 @@ fn old_file_in_a_moved_directory_is_found_where_it_is() {
     assert_eq!(read(&fs, "/Q/D/x").as_deref(), Some(&b"new data"[..]));
 }
 
+/// The same with a directory moved above the subvolume the file is in:
+/// the walk up goes on past the subvolume's root, from its link.
+#[test]
+fn old_file_in_a_subvolume_below_a_moved_directory_is_found_where_it_is() {
+    let t = testkit::TestDir::new("names-old-file-moved-subvol").unwrap();
+    let img = image(&t);
+    let fs = Filesystem::open_read_write(&[&img]).unwrap();
+    let root = fs.root();
+    let a = fs.mkdir(root, b"A", 0o755, 0, 0).unwrap().id;
+    let s = fs.create_subvolume(a, b"S", 0, 0).unwrap();
+    let d = fs.mkdir(s, b"D", 0o755, 0, 0).unwrap().id;
+    let x = fs.create(d, b"x", FILE).unwrap().id;
+    fs.write(x, 0, b"old data").unwrap();
+    fs.commit().unwrap();
+    fs.rename(root, b"A", root, b"B", 0).unwrap();
+    fs.write(x, 0, b"new").unwrap();
+    assert_eq!(fs.fsync(x, false).unwrap(), Synced::Committed);
+    // A directory of the subvolume, fsync'd, the same.
+    fs.rename(root, b"B", root, b"C", 0).unwrap();
+    fs.create(d, b"y", FILE).unwrap();
+    assert_eq!(fs.fsync(d, false).unwrap(), Synced::Committed);
+    drop(fs);
+    let fs = crash(&t, &img, "old-file-subvol");
+    assert_eq!(read(&fs, "/A/S/D/x"), None);
+    assert_eq!(read(&fs, "/C/S/D/x").as_deref(), Some(&b"new data"[..]));
+    assert_eq!(read(&fs, "/C/S/D/y").as_deref(), Some(&b""[..]));
+}
+
 /// Files whose directories did not move are logged, not committed,
 /// however deep, beside a directory that moved, in a directory new since
 /// the commit, with a second name, in a nested subvolume.

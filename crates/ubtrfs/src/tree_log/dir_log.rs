@@ -21,8 +21,8 @@
 //! was there. Such an fsync commits, as the kernel's does. So does the
 //! fsync of a file in such a directory or below one ([`file_in_place`]):
 //! a log of the file alone would show it at the directory's old place.
-//! (The walk up stops at the subvolume's root: a directory moved above a
-//! subvolume's link goes unseen.)
+//! Above a subvolume's root, the walk goes on from the directory that
+//! holds the subvolume's link (`subvolume_in_place` in `write`).
 //!
 //! What must be logged closes over itself: a directory's changed entries
 //! name inodes whose other names may have changed too, whose directories
@@ -304,7 +304,7 @@ fn added_by_ref(cur: &Tree<'_>, old: &Tree<'_>, r: &InodeRef) -> Result<bool> {
 /// parent's): else what the log says of `dir` would show where it was
 /// at the commit, a path that has not held it since. The kernel commits
 /// then too.
-fn unmoved(cur: &Tree<'_>, old: &Tree<'_>, dir: u64) -> Result<bool> {
+pub(super) fn unmoved(cur: &Tree<'_>, old: &Tree<'_>, dir: u64) -> Result<bool> {
     let mut d = dir;
     // Deeper than any path can be: a loop in damaged names.
     for _ in 0..4096 {

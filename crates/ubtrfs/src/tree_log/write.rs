@@ -24,7 +24,7 @@ use super::dir_log;
 use super::log_tree::{ItemMap, LogSync, LogTree, LoggedInode};
 use crate::format::Key;
 use crate::format::consts::*;
-use crate::format::items::{ExtentBody, FileExtentItem, InodeItem, RootItem};
+use crate::format::items::{ExtentBody, FileExtentItem, InodeItem, RootItem, RootRef};
 use crate::format::node::Node;
 use crate::fs::{Filesystem, InodeId};
 use crate::transaction::Writer;
@@ -365,6 +365,9 @@ impl Filesystem {
     /// inode the log holds that lost a name since the log's names were
     /// last brought up to date. False if that cannot be logged.
     fn log_names(&self, w: &mut Writer, id: InodeId, is_dir: bool) -> Result<bool> {
+        if !self.subvolume_in_place(w, id.subvol)? {
+            return Ok(false);
+        }
         let log = w
             .log
             .as_ref()
@@ -446,6 +449,41 @@ impl Filesystem {
         }
         removed_names.clear();
         Ok(true)
+    }
+
+    /// Whether the directories holding subvolume `subvol`'s link, and
+    /// those holding its parents' links, have the names the last commit
+    /// gave them: else a log of something in `subvol` would show it,
+    /// after a replay, below a directory's old place. (The walk up from
+    /// an inode stops at its subvolume's root.)
+    fn subvolume_in_place(&self, w: &Writer, subvol: u64) -> Result<bool> {
+        let mut sv = subvol;
+        // Deeper than subvolumes nest in practice: a loop in damaged refs.
+        for _ in 0..256 {
+            if sv == FS_TREE_OBJECTID {
+                return Ok(true);
+            }
+            let back = self
+                .root_tree()
+                .items_of(sv, ROOT_BACKREF_KEY)?
+                .next()
+                .transpose()?;
+            let Some(item) = back else {
+                return Ok(false);
+            };
+            let parent = item.key().offset;
+            let link = RootRef::parse(item.data())?;
+            let Some(old_root) = self.committed_root(w, parent)? else {
+                return Ok(false);
+            };
+            let cur = self.fs_tree(parent)?;
+            let old = self.tree_reader().tree(old_root);
+            if !dir_log::unmoved(&cur, &old, link.dirid)? {
+                return Ok(false);
+            }
+            sv = parent;
+        }
+        Ok(false)
     }
 
     /// Log regular file `id`'s inode item, xattrs, names, and its file

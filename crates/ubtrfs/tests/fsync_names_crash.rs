@@ -15,7 +15,8 @@
 //!
 //! and `btrfs check` must be clean on the cut image and after the
 //! kernel's replay. Most of these fsyncs must be logged, not committed:
-//! that is what makes them cheap.
+//! that is what makes them cheap. `UBTRFS_SEED=<n>` runs another sequence
+//! (the seed is printed).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::ffi::OsStrExt;
@@ -227,7 +228,17 @@ struct Tally {
     files: (usize, usize),
 }
 
-fn names_survive(name: &str, mkfs_args: &[&str], mut seed: u64) {
+fn names_survive(name: &str, mkfs_args: &[&str], seed: u64) {
+    // `UBTRFS_SEED` runs another sequence.
+    let mut seed = match std::env::var("UBTRFS_SEED") {
+        Ok(v) => v
+            .trim()
+            .parse::<u64>()
+            .unwrap_or_else(|_| panic!("UBTRFS_SEED={v:?} is not a number"))
+            .max(1),
+        Err(_) => seed,
+    };
+    eprintln!("{name}: seed {seed} (UBTRFS_SEED)");
     let t = testkit::TestDir::new(name).unwrap();
     let img = t.path().join("base.img");
     testkit::mkfs_file(&img, 256 << 20, mkfs_args).unwrap();

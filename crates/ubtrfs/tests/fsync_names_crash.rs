@@ -16,7 +16,8 @@
 //! and `btrfs check` must be clean on the cut image and after the
 //! kernel's replay. Most of these fsyncs must be logged, not committed:
 //! that is what makes them cheap. `UBTRFS_SEED=<n>` runs another sequence
-//! (the seed is printed).
+//! (the seed is printed; how many fsyncs were logged is then reported,
+//! not asserted).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::ffi::OsStrExt;
@@ -230,13 +231,14 @@ struct Tally {
 
 fn names_survive(name: &str, mkfs_args: &[&str], seed: u64) {
     // `UBTRFS_SEED` runs another sequence.
-    let mut seed = match std::env::var("UBTRFS_SEED") {
-        Ok(v) => v
+    let chosen = std::env::var("UBTRFS_SEED").ok();
+    let mut seed = match &chosen {
+        Some(v) => v
             .trim()
             .parse::<u64>()
             .unwrap_or_else(|_| panic!("UBTRFS_SEED={v:?} is not a number"))
             .max(1),
-        Err(_) => seed,
+        None => seed,
     };
     eprintln!("{name}: seed {seed} (UBTRFS_SEED)");
     let t = testkit::TestDir::new(name).unwrap();
@@ -483,16 +485,6 @@ fn names_survive(name: &str, mkfs_args: &[&str], seed: u64) {
         marks.push((log.len(), due.clone()));
     }
     eprintln!("{name}: {tally:?}");
-    // Renames and directories are logged, not committed, nearly always.
-    for (what, (logged, committed)) in [
-        ("after a rename", tally.after_rename),
-        ("of a directory", tally.dirs),
-    ] {
-        assert!(
-            logged > 0 && committed * 5 <= logged,
-            "{name}: fsyncs {what}: {logged} logged, {committed} committed"
-        );
-    }
     let log = rec.log();
     drop(fs);
     let cuts: Vec<(usize, &Due)> = cut_points(&log)
@@ -527,6 +519,20 @@ fn names_survive(name: &str, mkfs_args: &[&str], seed: u64) {
         testkit::btrfs_check_file(&work, &[]).unwrap_or_else(|e| {
             panic!("{name}: cut {n}: btrfs check after the kernel's replay: {e}")
         });
+    }
+    // Renames and directories are logged, not committed, nearly always.
+    // Asserted on the fixed sequences: on a few dozen fsyncs of another
+    // one, moved directories (which commit) may weigh more.
+    if chosen.is_none() {
+        for (what, (logged, committed)) in [
+            ("after a rename", tally.after_rename),
+            ("of a directory", tally.dirs),
+        ] {
+            assert!(
+                logged > 0 && committed * 5 <= logged,
+                "{name}: fsyncs {what}: {logged} logged, {committed} committed"
+            );
+        }
     }
 }
 

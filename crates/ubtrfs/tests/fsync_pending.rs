@@ -6,6 +6,7 @@
 //! [`Filesystem::fsync_log`] beside them) logs only what was written back.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::Duration;
 use ubtrfs::fs::{Filesystem, InodeId, NewInode};
@@ -200,4 +201,84 @@ fn blocks_of_a_log_a_commit_dropped_are_not_written_late() {
             .enumerate()
             .all(|(i, c)| c[..4096] == [i as u8 | 1; 4096])
     );
+}
+
+/// A device whose tree block writes fail while `fail` is set.
+struct FailingNodes {
+    inner: ubtrfs::device::MemDevice,
+    fail: std::sync::atomic::AtomicBool,
+}
+
+impl ubtrfs::device::Device for FailingNodes {
+    fn path(&self) -> &Path {
+        self.inner.path()
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> ubtrfs::Result<()> {
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> ubtrfs::Result<()> {
+        if buf.len() == 16384 && self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(ubtrfs::Error::Io {
+                path: self.path().to_path_buf(),
+                source: std::io::Error::other("injected write failure"),
+            });
+        }
+        self.inner.write_at(offset, buf)
+    }
+    fn flush(&self) -> ubtrfs::Result<()> {
+        self.inner.flush()
+    }
+    fn write_fua(&self, offset: u64, buf: &[u8]) -> ubtrfs::Result<()> {
+        self.inner.write_fua(offset, buf)
+    }
+    fn counters(&self) -> &ubtrfs::device::Counters {
+        self.inner.counters()
+    }
+}
+
+/// The log's blocks failed to reach the device while the fsync waited:
+/// the log takes them as written, so the next fsync must not build on it
+/// (its superblock would name blocks never written): it commits.
+#[test]
+fn after_the_log_failed_to_write_the_next_fsync_commits() {
+    use std::sync::atomic::Ordering;
+    let dir = testkit::TestDir::new("fsync-pending-failed").unwrap();
+    let img = dir.join("disk.img");
+    testkit::mkfs_file(&img, 256 << 20, &[]).unwrap();
+    let dev = Arc::new(FailingNodes {
+        inner: ubtrfs::device::MemDevice::new(&img, std::fs::read(&img).unwrap()),
+        fail: false.into(),
+    });
+    let set = ubtrfs::volume::DeviceSet::from_devices(vec![
+        dev.clone() as Arc<dyn ubtrfs::device::Device>
+    ])
+    .unwrap();
+    let fs = Filesystem::open_devices_read_write(set).unwrap();
+    let root = fs.root();
+    let a = fs.create(root, b"a", FILE).unwrap().id;
+    let b = fs.create(root, b"b", FILE).unwrap().id;
+    fs.commit().unwrap();
+    // Many extents, so the log spans several blocks, most of which the
+    // next fsync (of another file) leaves as they are.
+    for i in 0..600u64 {
+        fs.write(a, i * 8192, &[i as u8 | 1; 4096]).unwrap();
+    }
+    let pending = fs.fsync_start(a, false).unwrap();
+    dev.fail.store(true, Ordering::SeqCst);
+    assert_eq!(pending.wait_for_device().unwrap(), None);
+    dev.fail.store(false, Ordering::SeqCst);
+    fs.write(b, 0, b"after the failure").unwrap();
+    assert_eq!(fs.fsync(b, false).unwrap(), Synced::Committed);
+    // A power cut now: everything is there.
+    drop(fs);
+    std::fs::write(&img, dev.inner.snapshot()).unwrap();
+    testkit::btrfs_check_file(&img, &[]).unwrap();
+    let fs = Filesystem::open(&[&img]).unwrap();
+    let b = fs.lookup(root, b"b").unwrap().id;
+    assert_eq!(fs.read_all(b).unwrap(), b"after the failure");
+    let a = fs.lookup(root, b"a").unwrap().id;
+    assert_eq!(fs.read_all(a).unwrap().len(), 599 * 8192 + 4096);
 }

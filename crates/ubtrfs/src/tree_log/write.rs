@@ -113,10 +113,20 @@ impl PendingSync<'_> {
             }
             // A commit since then failed.
             Ok(false) => Ok(None),
-            Err(e) if fs.lock_writer()?.log_self_check => Err(e),
-            // Whatever stopped the log, a commit drops it and makes
-            // everything durable; its own failure is the one to report.
-            Err(_) => Ok(None),
+            Err(e) => {
+                // The log's blocks may be written in part, yet the log
+                // takes them as written: no later fsync may build on it
+                // (this one still holds the turn), only a commit, which
+                // drops it.
+                let mut w = fs.lock_writer()?;
+                w.log_broken = true;
+                if w.log_self_check {
+                    return Err(e);
+                }
+                // A commit makes everything durable; its own failure is
+                // the one to report.
+                Ok(None)
+            }
         }
     }
 }

@@ -5,13 +5,13 @@
 //! reference added in the running transaction (a clone) is still a delayed
 //! ref, so pending changes count as sharing too.
 
-use crate::Result;
 use crate::alloc::delayed_ref::DelayedRefs;
 use crate::csum_tree;
 use crate::format::Key;
 use crate::format::consts::*;
-use crate::format::items::ExtentBody;
+use crate::format::items::{ExtentBody, FileExtentItem};
 use crate::fs::{Filesystem, InodeId};
+use crate::{Error, Result};
 
 /// A piece of a file range: where it can be overwritten in place, if anywhere.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,7 +41,6 @@ impl Filesystem {
             .map_or(0, |(_, r)| r.last_snapshot);
         let csums = self.csum_tree()?;
         let extents = self.extent_tree_for_refs()?;
-        let ss = self.geometry().sectorsize as u64;
         let mut out: Vec<Segment> = Vec::new();
         // Neighbouring copy-on-write pieces go out as one.
         let mut push = |s: Segment| match out.last_mut() {
@@ -53,17 +52,8 @@ impl Filesystem {
             _ => out.push(s),
         };
         let mut cursor = offset;
-        for item in self.file_extents_overlapping(id, offset, end)? {
-            let (k, fe) = item?;
-            // The write goes inside this extent's disk range: the item must
-            // say truthfully where that is.
-            fe.check_disk_extent(ss)?;
-            // An inline extent stands for its whole sector: dirty data
-            // replacing it comes in sectors (never cut a sector).
-            let fe_end = match fe.body {
-                ExtentBody::Inline(_) => k.saturating_add(fe.len()).div_ceil(ss).saturating_mul(ss),
-                _ => k.saturating_add(fe.len()),
-            };
+        for item in self.nocow_extents(id, offset, end)? {
+            let (k, fe_end, fe) = item?;
             let (lo, hi) = (k.max(cursor), fe_end.min(end));
             if lo >= hi {
                 continue;
@@ -130,6 +120,42 @@ impl Filesystem {
             });
         }
         Ok(out)
+    }
+
+    /// The file extent items of `id` reaching into `[offset, end)`, as
+    /// (file offset, end, item), each checked to name its disk range
+    /// truthfully: an overwrite in place lands inside it. An inline
+    /// extent ends at the end of its sector, as dirty data replacing it
+    /// comes in whole sectors.
+    fn nocow_extents(
+        &self,
+        id: InodeId,
+        offset: u64,
+        end: u64,
+    ) -> Result<impl Iterator<Item = Result<(u64, u64, FileExtentItem)>> + '_> {
+        let ss = self.geometry().sectorsize as u64;
+        let items = self.file_extents_overlapping(id, offset, end)?;
+        Ok(items.filter_map(move |item| {
+            let (k, fe) = match item {
+                Ok(it) => it,
+                Err(e) => return Some(Err(e)),
+            };
+            let fe_end = match fe.body {
+                ExtentBody::Inline(_) => k.saturating_add(fe.len()).div_ceil(ss).saturating_mul(ss),
+                _ => k.saturating_add(fe.len()),
+            };
+            if fe_end <= offset {
+                return None;
+            }
+            let checked = fe.check_disk_extent(ss).map_err(|e| match e {
+                Error::Corrupt(m) => Error::corrupt(format!(
+                    "inode {} in subvolume {}, file extent item at file offset {k}: {m}",
+                    id.ino, id.subvol
+                )),
+                e => e,
+            });
+            Some(checked.map(|()| (k, fe_end, fe)))
+        }))
     }
 
     fn extent_tree_for_refs(&self) -> Result<Option<crate::tree::Tree<'_>>> {

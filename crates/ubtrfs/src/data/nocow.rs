@@ -3,7 +3,10 @@
 //! and has no checksums. The checksum question is asked with an early-exit
 //! existence check (seed 002), never by collecting the checksums. A
 //! reference added in the running transaction (a clone) is still a delayed
-//! ref, so pending changes count as sharing too.
+//! ref, so pending changes count as sharing too. A write into such a file
+//! checks the extent items it will overwrite first
+//! ([`Filesystem::check_nocow_write`]): a damaged one refused only at
+//! writeback would fail the commit, and with it every other change.
 
 use crate::alloc::delayed_ref::DelayedRefs;
 use crate::csum_tree;
@@ -122,6 +125,26 @@ impl Filesystem {
         Ok(out)
     }
 
+    /// Refuse a write of `len` bytes at `offset` into no-COW file `id`
+    /// whose sectors writeback could not place: a damaged extent item
+    /// there would fail the commit (and every later one) instead of this
+    /// write. Called before the write changes anything.
+    pub(crate) fn check_nocow_write(&self, id: InodeId, offset: u64, len: u64) -> Result<()> {
+        // Writeback takes whole sectors: check the items it will meet.
+        let ss = self.geometry().sectorsize as u64;
+        let start = offset / ss * ss;
+        let end = offset.saturating_add(len).div_ceil(ss).saturating_mul(ss);
+        for item in self.nocow_extents(id, start, end)? {
+            item.map_err(|e| match e {
+                Error::Corrupt(m) => Error::corrupt(format!(
+                    "write of {len} bytes at file offset {offset} refused: {m}"
+                )),
+                e => e,
+            })?;
+        }
+        Ok(())
+    }
+
     /// The file extent items of `id` reaching into `[offset, end)`, as
     /// (file offset, end, item), each checked to name its disk range
     /// truthfully: an overwrite in place lands inside it. An inline
@@ -168,34 +191,116 @@ impl Filesystem {
 #[cfg(test)]
 mod tests {
     use crate::Error;
-    use crate::format::consts::INODE_NODATACOW;
-    use crate::fs::NewInode;
+    use crate::format::Key;
+    use crate::format::consts::{EXTENT_DATA_KEY, INODE_NODATACOW};
+    use crate::fs::{InodeId, NewInode};
     use crate::test_fs::TestFs;
 
-    #[test]
-    fn extent_reaching_past_its_disk_extent_is_not_written_in_place() {
-        let t = TestFs::new();
-        let new = NewInode {
-            mode: libc::S_IFREG | 0o644,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
-        };
-        let id = t.fs().create(t.fs().root(), b"nocow", new).unwrap().id;
+    const FILE: NewInode = NewInode {
+        mode: libc::S_IFREG | 0o644,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+    };
+
+    /// A new no-COW file `name` holding `data`, committed.
+    fn nocow_file(t: &TestFs, name: &[u8], data: &[u8]) -> InodeId {
+        let id = t.fs().create(t.fs().root(), name, FILE).unwrap().id;
         t.fs().set_flags(id, INODE_NODATACOW).unwrap();
-        t.fs().write(id, 0, &[1u8; 12288]).unwrap();
+        t.fs().write(id, 0, data).unwrap();
         t.fs().commit().unwrap();
+        id
+    }
+
+    /// The message of a corrupt-metadata error, else a panic.
+    fn corrupt<T: std::fmt::Debug>(r: crate::Result<T>) -> String {
+        match r {
+            Err(Error::Corrupt(m)) => m,
+            other => panic!("expected a corrupt-metadata error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn extent_reaching_past_its_disk_extent_fails_the_write() {
+        let t = TestFs::new();
+        let id = nocow_file(&t, b"nocow", &[1u8; 12288]);
         t.skew_extent(id, 0, 8192);
         t.fs().commit().unwrap();
+        let before = t.inode(id);
         // An overwrite in place would land in the two sectors after the
-        // extent.
-        let r = t
-            .fs()
-            .write(id, 0, &[2u8; 12288])
-            .and_then(|_| t.fs().commit());
-        match r {
-            Err(Error::Corrupt(_)) => {}
-            other => panic!("expected a corrupt-metadata error, got {other:?}"),
+        // extent: the write is refused, naming the file and what is wrong.
+        let m = corrupt(t.fs().write(id, 0, &[2u8; 12288]));
+        for want in [
+            format!("inode {} in subvolume {}", id.ino, id.subvol),
+            "file offset 0".to_string(),
+            "reaches past the end of the extent".to_string(),
+        ] {
+            assert!(m.contains(&want), "{want:?} is not in {m:?}");
+        }
+        // So is one into part of a sector.
+        corrupt(t.fs().write(id, 4100, &[2u8; 10]));
+        // Nothing of them is held or recorded.
+        assert!(!t.fs().delalloc().has(id));
+        assert_eq!(t.inode(id), before);
+        t.fs().commit().unwrap();
+        t.fs().commit().unwrap();
+        assert_eq!(t.inode(id), before);
+    }
+
+    #[test]
+    fn damage_after_the_write_is_still_refused_at_writeback() {
+        let t = TestFs::new();
+        let id = nocow_file(&t, b"nocow", &[1u8; 12288]);
+        t.fs().write(id, 0, &[2u8; 12288]).unwrap();
+        t.skew_extent(id, 0, 8192);
+        corrupt(t.fs().commit());
+    }
+
+    #[test]
+    fn damaged_nocow_write_loses_nothing_else() {
+        let mut t = TestFs::new();
+        // Two extents: the first is damaged below, the second stays good.
+        let b = nocow_file(&t, b"b", &[1u8; 12288]);
+        t.fs().write(b, 12288, &[3u8; 8192]).unwrap();
+        t.fs().commit().unwrap();
+        let good = t.extent(b, 0);
+        assert!(t.extent(b, 12288).len() == 8192);
+        t.skew_extent(b, 0, 8192);
+        t.fs().commit().unwrap();
+        // One transaction: a new file, an overwrite in place of B's good
+        // extent, then the write B's damaged extent refuses.
+        let a = t.fs().create(t.fs().root(), b"a", FILE).unwrap().id;
+        let a_data = testkit::xorshift_bytes(7, 100_000);
+        t.fs().write(a, 0, &a_data).unwrap();
+        t.fs().write(b, 16384, &[4u8; 4096]).unwrap();
+        let before = t.inode(b);
+        corrupt(t.fs().write(b, 4096, &[5u8; 4096]));
+        assert_eq!(t.inode(b), before);
+        t.fs().commit().unwrap();
+        t.reopen().unwrap();
+        let fs = t.fs();
+        assert!(fs.read(a, 0, a_data.len()).unwrap() == a_data);
+        let mut want = vec![3u8; 4096];
+        want.extend([4u8; 4096]);
+        assert_eq!(fs.read(b, 12288, 8192).unwrap(), want);
+        let b_now = t.inode(b);
+        assert_eq!(
+            (b_now.size, b_now.nbytes, b_now.mtime, b_now.ctime),
+            (before.size, before.nbytes, before.mtime, before.ctime)
+        );
+        // Reads of the damaged extent stay a clear error.
+        corrupt(fs.read(b, 0, 4096));
+        // With the item mended, B holds its old bytes and the image is
+        // consistent: the refused write left nothing behind.
+        t.put(
+            b.subvol,
+            Key::new(b.ino, EXTENT_DATA_KEY, 0),
+            good.to_bytes(),
+        );
+        t.fs().commit().unwrap();
+        assert_eq!(t.fs().read(b, 0, 12288).unwrap(), vec![1u8; 12288]);
+        if let Err(e) = testkit::btrfs_check_file(t.image(), &[]) {
+            panic!("after the refused write: {e:#}");
         }
     }
 }

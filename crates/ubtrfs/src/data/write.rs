@@ -68,6 +68,11 @@ impl Filesystem {
             .checked_add(data.len() as u64)
             .filter(|&e| e <= i64::MAX as u64)
             .ok_or_else(|| Error::Invalid("write past the largest file size".into()))?;
+        if inode.flags & INODE_NODATACOW != 0 {
+            // Writeback overwrites these sectors in place: a damaged
+            // extent there fails this write, not the commit.
+            self.check_nocow_write(id, offset, data.len() as u64)?;
+        }
         if offset > inode.size {
             // The old last sector may hold stale bytes past the end (the
             // kernel leaves them when it shrinks a file): zero them first.

@@ -1,4 +1,5 @@
-//! FUSE over io_uring, beside a `fuser` session.
+//! The daemon side of FUSE: requests read from `/dev/fuse`, or taken
+//! over io_uring, beside a `fuser` session that mounts and negotiates.
 //!
 //! Since Linux 6.14 the kernel can hand FUSE requests to the daemon through
 //! io_uring instead of `read(2)` on `/dev/fuse`: one queue per CPU, each
@@ -7,16 +8,18 @@
 //! the CPU that made it and costs no system call of its own, which is what
 //! small requests (create, stat, unlink) spend most of their time on.
 //!
-//! `fuser` negotiates the connection (INIT) and keeps reading `/dev/fuse`
-//! for what never goes through the ring (FORGET, INTERRUPT); this crate
-//! runs the rings ([`ring::Rings`]) and gives each request to a
-//! [`ring::Handler`] as a [`ring::RingEntry`], with the wire layouts of the
+//! `fuser` mounts and negotiates the connection (INIT); this crate then
+//! serves it: threads reading `/dev/fuse` ([`dev::DevThreads`], which also
+//! get what never goes through the ring: FORGET, INTERRUPT, DESTROY), and
+//! the rings ([`ring::Rings`]) where the kernel offers them. Both give a
+//! request as the same [`ring::Request`], with the wire layouts of the
 //! requests and replies in [`abi`].
 //!
-//! The kernel offers the transport only when the `fuse` module's
+//! The kernel offers the io_uring transport only when the `fuse` module's
 //! `enable_uring` parameter is set ([`kernel_enabled`]).
 
 pub mod abi;
+pub mod dev;
 pub mod from_fuser;
 pub mod idle_wait;
 pub mod ring;

@@ -18,10 +18,8 @@
 use anyhow::{Context, Result, bail};
 use fuse_ring::abi::{Out, opcode, split_name};
 use fuser::{
-    Config, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    Request, TimeOrNow, WriteFlags,
+    Config, Errno, FileAttr, FileType, FopenFlags, INodeNo, InitFlags, KernelConfig, MountOption,
+    Request,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
@@ -54,20 +52,15 @@ struct Inner {
     next: u64,
 }
 
+/// The session's side: INIT and DESTROY, which `fuser` calls; requests
+/// go to [`RingFloor`].
 struct Floor {
-    inner: Arc<Mutex<Inner>>,
     /// Whether the kernel agreed to serve over io_uring.
     uring: Arc<AtomicBool>,
     /// Whether to ask it (`--nouring` says no).
     uring_wanted: bool,
     /// The rings, once started; joined before the session ends.
     rings: Arc<Mutex<Option<fuse_ring::Rings>>>,
-}
-
-impl Floor {
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        lock(&self.inner)
-    }
 }
 
 fn lock(inner: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
@@ -216,314 +209,6 @@ impl fuser::Filesystem for Floor {
             let _ = r.stop();
         }
     }
-
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let mut g = self.lock();
-        let r = g
-            .dir(parent.0)
-            .and_then(|d| d.get(name.as_bytes()).copied().ok_or(Errno::ENOENT))
-            .and_then(|ino| g.attr_of(ino));
-        match r {
-            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
-            // A cacheable negative entry (inode 0), as ubtrfs answers.
-            Err(Errno::ENOENT) => {
-                let mut none = attr(ROOT, &g.nodes[&ROOT]);
-                none.ino = INodeNo(0);
-                reply.entry(&TTL, &none, Generation(0))
-            }
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.lock().attr_of(ino.0) {
-            Ok(a) => reply.attr(&TTL, &a),
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn setattr(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
-        size: Option<u64>,
-        _atime: Option<TimeOrNow>,
-        _mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
-        let mut g = self.lock();
-        let Some(n) = g.nodes.get_mut(&ino.0) else {
-            return reply.error(Errno::ENOENT);
-        };
-        if let Some(m) = mode {
-            n.perm = (m & 0o7777) as u16;
-        }
-        if let Some(s) = size {
-            n.size = s;
-        }
-        n.mtime = SystemTime::now();
-        reply.attr(&TTL, &attr(ino.0, n));
-    }
-
-    fn mkdir(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        reply: ReplyEntry,
-    ) {
-        match self
-            .lock()
-            .make((req.uid(), req.gid()), parent.0, name, mode & !umask, true)
-        {
-            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn mknod(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        _rdev: u32,
-        reply: ReplyEntry,
-    ) {
-        if mode & libc::S_IFMT != libc::S_IFREG {
-            return reply.error(Errno::EPERM);
-        }
-        match self
-            .lock()
-            .make((req.uid(), req.gid()), parent.0, name, mode & !umask, false)
-        {
-            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn create(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        _flags: i32,
-        reply: ReplyCreate,
-    ) {
-        match self
-            .lock()
-            .make((req.uid(), req.gid()), parent.0, name, mode & !umask, false)
-        {
-            Ok(a) => reply.created(
-                &TTL,
-                &a,
-                Generation(0),
-                FileHandle(0),
-                FopenFlags::FOPEN_KEEP_CACHE,
-            ),
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.lock().remove(parent.0, name, false) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.lock().remove(parent.0, name, true) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.lock().attr_of(ino.0) {
-            Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn read(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
-        let len = match self.lock().nodes.get(&ino.0) {
-            Some(n) => n.size.saturating_sub(offset).min(u64::from(size)),
-            None => return reply.error(Errno::ENOENT),
-        };
-        reply.data(&vec![0u8; len as usize]);
-    }
-
-    fn write(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        data: &[u8],
-        _write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
-        let mut g = self.lock();
-        let Some(n) = g.nodes.get_mut(&ino.0) else {
-            return reply.error(Errno::ENOENT);
-        };
-        n.size = n.size.max(offset + data.len() as u64);
-        n.mtime = SystemTime::now();
-        reply.written(data.len() as u32);
-    }
-
-    fn flush(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _lock_owner: LockOwner,
-        reply: ReplyEmpty,
-    ) {
-        // As ubtrfs: the kernel stops sending FLUSH.
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn release(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
-        reply.ok();
-    }
-
-    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
-        reply.ok();
-    }
-
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.lock().dir(ino.0) {
-            Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn readdir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
-        let mut g = self.lock();
-        let list = match g.list(ino.0, offset) {
-            Ok(l) => l,
-            Err(e) => return reply.error(e),
-        };
-        for (cookie, name, child) in list {
-            let kind = match g.nodes.get(&child) {
-                Some(n) if n.entries.is_some() => FileType::Directory,
-                _ => FileType::RegularFile,
-            };
-            if reply.add(INodeNo(child), cookie, kind, OsStr::from_bytes(&name)) {
-                break;
-            }
-        }
-        reply.ok();
-    }
-
-    fn readdirplus(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectoryPlus,
-    ) {
-        let mut g = self.lock();
-        let list = match g.list(ino.0, offset) {
-            Ok(l) => l,
-            Err(e) => return reply.error(e),
-        };
-        for (cookie, name, child) in list {
-            let Ok(a) = g.attr_of(child) else { continue };
-            if reply.add(
-                INodeNo(child),
-                cookie,
-                OsStr::from_bytes(&name),
-                &TTL,
-                &a,
-                Generation(0),
-            ) {
-                break;
-            }
-        }
-        reply.ok();
-    }
-
-    fn releasedir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _flags: OpenFlags,
-        reply: ReplyEmpty,
-    ) {
-        reply.ok();
-    }
-
-    fn fsyncdir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _ds: bool,
-        reply: ReplyEmpty,
-    ) {
-        reply.ok();
-    }
-
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let files = self.lock().nodes.len() as u64;
-        reply.statfs(
-            1 << 30,
-            1 << 30,
-            1 << 30,
-            files + (1 << 30),
-            1 << 30,
-            4096,
-            255,
-            4096,
-        );
-    }
 }
 
 /// `max_write` when serving over io_uring: every entry has a payload
@@ -534,7 +219,8 @@ fn wire(a: &FileAttr) -> fuse_ring::abi::Attr {
     fuse_ring::from_fuser::attr(a)
 }
 
-/// The same filesystem, answering requests that come over io_uring.
+/// The same filesystem, answering requests that come over io_uring or
+/// are read from /dev/fuse.
 struct RingFloor {
     inner: Arc<Mutex<Inner>>,
 }
@@ -661,6 +347,16 @@ impl fuse_ring::Handler for RingFloor {
     }
 }
 
+impl fuse_ring::dev::DevHandler for RingFloor {
+    fn handle(&self, req: fuse_ring::ring::Request<'_>, answer: fuse_ring::dev::DevAnswer) {
+        match self.serve(&req) {
+            Ok(out) => answer.reply(&[&out.0]),
+            Err(e) => answer.error(i32::from(e)),
+        }
+    }
+    fn forget(&self, _nodeid: u64, _nlookup: u64) {}
+}
+
 fn main() -> Result<()> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let nouring = args.first().is_some_and(|a| a == "--nouring");
@@ -687,7 +383,6 @@ fn main() -> Result<()> {
     let uring = Arc::new(AtomicBool::new(false));
     let rings = Arc::new(Mutex::new(None));
     let fs = Floor {
-        inner: Arc::clone(&inner),
         uring: Arc::clone(&uring),
         uring_wanted: !nouring,
         rings: Arc::clone(&rings),
@@ -725,10 +420,28 @@ fn main() -> Result<()> {
             pin: true,
             idle_wait: true,
         };
-        let handler = Arc::new(RingFloor { inner });
+        let handler = Arc::new(RingFloor {
+            inner: Arc::clone(&inner),
+        });
         let started = fuse_ring::Rings::start(session.as_fd().as_raw_fd(), &ring, handler)?;
         *rings.lock().unwrap_or_else(|e| e.into_inner()) = Some(started);
     }
-    session.run().context("serving")?;
+    // /dev/fuse is read by the threads `ubtrfs mount` uses (one beside the
+    // rings), not by fuser's loop.
+    let threads = if uring.load(Ordering::Relaxed) {
+        1
+    } else {
+        config.n_threads.unwrap_or(1)
+    };
+    let dev = fuse_ring::dev::DevThreads::start(
+        session.as_fd(),
+        threads,
+        MAX_WRITE as usize + fuse_ring::dev::REQUEST_ROOM,
+        false,
+        Arc::new(RingFloor { inner }),
+    )?;
+    dev.join().context("serving")?;
+    // Stops the rings (`destroy`), then unmounts.
+    drop(session);
     Ok(())
 }

@@ -1,5 +1,9 @@
-//! The FUSE adapter: serves a [`ubtrfs::fs::Filesystem`] to the kernel
-//! through `fuser` (pure-Rust mount through `fusermount3`, no libfuse).
+//! The FUSE adapter: serves a [`ubtrfs::fs::Filesystem`] to the kernel.
+//! `fuser` mounts (pure Rust, through `fusermount3`, no libfuse) and
+//! negotiates the connection (INIT, below); the requests are then ours:
+//! read from `/dev/fuse` (`dev.rs`) or taken over io_uring (`ring.rs`),
+//! decoded in `wire.rs`, served by the `on_*` handlers here and in
+//! `write.rs`.
 //!
 //! Read-write or read-only. On a read-only mount every operation that
 //! would change the filesystem answers `EROFS`; operations that are not
@@ -82,20 +86,21 @@
 pub mod control;
 mod copy;
 mod deferred;
+mod dev;
 mod reply;
 mod ring;
 mod served;
+mod wire;
 mod write;
 
-pub(crate) use ring::Access;
 pub use served::Served;
+pub(crate) use wire::Access;
 
 use crate::util::rdev_to_fuse;
 use control::Counter;
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
+    KernelConfig, LockOwner, OpenAccMode, OpenFlags, Request,
 };
 use reply::{
     AttrReply, Caller, CreateReply, DataReply, DirPlusReply, DirReply, EmptyReply, EntryReply,
@@ -158,8 +163,8 @@ pub struct Options {
     pub uring: bool,
 }
 
-/// A ubtrfs filesystem served over FUSE. Clones share everything: one
-/// answers through `fuser`, another over io_uring (`ring.rs`).
+/// A ubtrfs filesystem served over FUSE. Clones share everything: the
+/// session's, the `/dev/fuse` threads' and the rings'.
 #[derive(Clone)]
 pub struct FuseFs {
     served: Arc<Served>,
@@ -190,11 +195,45 @@ struct Agreed {
     killpriv: AtomicBool,
     posix_acl: AtomicBool,
     uring: AtomicBool,
+    /// The longer `fuse_setxattr_in` (`FUSE_SETXATTR_EXT`).
+    setxattr_ext: AtomicBool,
     /// A request came over the ring (the kernel uses it).
     ring_used: AtomicBool,
 }
 
 impl FuseFs {
+    /// The session is over (unmounted, or DESTROY answered): stop taking
+    /// writes and the rings, then the last commit.
+    pub(crate) fn end_session(&self) {
+        if let Some(d) = self.deferred.get() {
+            d.stop();
+        }
+        // The connection is gone: the rings' threads end once their
+        // requests are answered, before the last commit.
+        let rings = self.rings.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(r) = rings
+            && let Err(e) = r.stop()
+        {
+            tracing::warn!("io_uring queues: {e}");
+        }
+        // The session is over: the last commit. It runs once however often
+        // this is reached; the mount command reports its outcome.
+        if let Err(e) = self.served.finish() {
+            tracing::debug!("{e}");
+        }
+    }
+
+    /// The kernel forgot `ino` (it counts lookups and forgets an inode
+    /// once): the last reference to a held special file is gone.
+    pub(super) fn on_forget(&self, ino: INodeNo) {
+        let id = self.inode_of(ino);
+        if self.held().remove(&id)
+            && let Err(e) = self.served.write(|fs| fs.release_inode(id).map_err(errno))
+        {
+            tracing::debug!("releasing inode {} after forget: {e:?}", id.ino);
+        }
+    }
+
     /// Serve `served` as `opts` say.
     pub fn new(served: Arc<Served>, opts: Options) -> Self {
         let fs = served.fs_unlocked();
@@ -481,8 +520,19 @@ fn reply_sized<R: XattrReply>(reply: R, size: u32, data: &[u8]) {
     }
 }
 
+/// `fuser` calls only these two: the requests themselves never reach
+/// its loop, which is not run (see `dev.rs`).
 impl fuser::Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Requests are decoded in their current layouts (`wire.rs`): RENAME2
+        // came with 7.23 (Linux 3.15), the last of them to change.
+        let abi = config.kernel_abi();
+        if (abi.0, abi.1) < (7, 23) {
+            return Err(std::io::Error::other(format!(
+                "the kernel's FUSE protocol {}.{} is older than 7.23 (Linux 3.15)",
+                abi.0, abi.1
+            )));
+        }
         // A kernel without a capability simply keeps the default behaviour.
         let mut wanted = vec![
             InitFlags::FUSE_DO_READDIRPLUS,
@@ -553,469 +603,23 @@ impl fuser::Filesystem for FuseFs {
         {
             // Every ring entry has a payload buffer of `max_write` bytes.
             let _ = config.set_max_write(ring::MAX_WRITE);
-            // The longer `fuse_setxattr_in`, which says when setting an ACL
-            // must clear set-group-ID: only the ring reads it (fuser would
-            // misread it), and every SETXATTR comes over the ring: requests
-            // wait until the queues are up, and if the kernel refuses an
-            // entry (its one way back to /dev/fuse) the mount fails to start
-            // (`Rings::start`).
-            if self.posix_acl() {
-                let _ = config.add_capabilities(InitFlags::FUSE_SETXATTR_EXT);
-            }
             self.agreed.uring.store(true, Ordering::Relaxed);
+        }
+        // The longer `fuse_setxattr_in`, which says when setting an ACL
+        // must clear set-group-ID. Our own decoding reads it either way
+        // (`wire.rs`); `fuser`'s loop, which would misread it, never runs.
+        if self.posix_acl()
+            && config
+                .add_capabilities(InitFlags::FUSE_SETXATTR_EXT)
+                .is_ok()
+        {
+            self.agreed.setxattr_ext.store(true, Ordering::Relaxed);
         }
         Ok(())
     }
 
     fn destroy(&mut self) {
-        if let Some(d) = self.deferred.get() {
-            d.stop();
-        }
-        // The connection is gone: the rings' threads end once their
-        // requests are answered, before the last commit.
-        let rings = self.rings.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(r) = rings
-            && let Err(e) = r.stop()
-        {
-            tracing::warn!("io_uring queues: {e}");
-        }
-        // The session is over: the last commit. It runs once however often
-        // this is reached; the mount command reports its outcome.
-        if let Err(e) = self.served.finish() {
-            tracing::debug!("{e}");
-        }
-    }
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.on_lookup(&Caller::from(_req), parent, name, reply)
-    }
-
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.on_getattr(&Caller::from(_req), ino, _fh, reply)
-    }
-
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        self.on_readlink(&Caller::from(_req), ino, reply)
-    }
-
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        self.on_open(&Caller::from(_req), ino, flags, reply)
-    }
-
-    fn read(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
-        self.on_read(
-            &Caller::from(_req),
-            ino,
-            _fh,
-            offset,
-            size,
-            _flags,
-            _lock_owner,
-            reply,
-        )
-    }
-
-    fn release(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
-        self.on_release(
-            &Caller::from(_req),
-            ino,
-            _fh,
-            _flags,
-            _lock_owner,
-            _flush,
-            reply,
-        )
-    }
-
-    fn flush(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _lock_owner: LockOwner,
-        reply: ReplyEmpty,
-    ) {
-        self.on_flush(&Caller::from(_req), _ino, _fh, _lock_owner, reply)
-    }
-
-    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, ds: bool, reply: ReplyEmpty) {
-        self.on_fsync(&Caller::from(_req), ino, _fh, ds, reply)
-    }
-
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        self.on_opendir(&Caller::from(_req), ino, _flags, reply)
-    }
-
-    fn readdir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        reply: ReplyDirectory,
-    ) {
-        self.on_readdir(&Caller::from(_req), ino, _fh, offset, reply)
-    }
-
-    fn readdirplus(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        reply: ReplyDirectoryPlus,
-    ) {
-        self.on_readdirplus(&Caller::from(_req), ino, _fh, offset, reply)
-    }
-
-    fn releasedir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _flags: OpenFlags,
-        reply: ReplyEmpty,
-    ) {
-        self.on_releasedir(&Caller::from(_req), _ino, _fh, _flags, reply)
-    }
-
-    fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, ds: bool, reply: ReplyEmpty) {
-        self.on_fsyncdir(&Caller::from(_req), ino, _fh, ds, reply)
-    }
-
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        self.on_statfs(&Caller::from(_req), _ino, reply)
-    }
-
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        self.on_getxattr(&Caller::from(_req), ino, name, size, reply)
-    }
-
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        self.on_listxattr(&Caller::from(_req), ino, size, reply)
-    }
-
-    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        self.on_access(&Caller::from(req), ino, mask, reply)
-    }
-
-    fn setattr(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<fuser::TimeOrNow>,
-        mtime: Option<fuser::TimeOrNow>,
-        ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
-        crtime: Option<SystemTime>,
-        chgtime: Option<SystemTime>,
-        bkuptime: Option<SystemTime>,
-        flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
-        self.on_setattr(
-            &Caller::from(req),
-            ino,
-            mode,
-            uid,
-            gid,
-            size,
-            atime,
-            mtime,
-            ctime,
-            _fh,
-            crtime,
-            chgtime,
-            bkuptime,
-            flags,
-            reply,
-        )
-    }
-
-    fn mknod(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        rdev: u32,
-        reply: ReplyEntry,
-    ) {
-        self.on_mknod(&Caller::from(req), parent, name, mode, umask, rdev, reply)
-    }
-
-    fn mkdir(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        reply: ReplyEntry,
-    ) {
-        self.on_mkdir(&Caller::from(req), parent, name, mode, umask, reply)
-    }
-
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.on_unlink(&Caller::from(_req), parent, name, reply)
-    }
-
-    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
-        // The kernel counts lookups and forgets an inode once: the last
-        // reference to a held special file is gone.
-        let id = self.inode_of(ino);
-        if self.held().remove(&id)
-            && let Err(e) = self.served.write(|fs| fs.release_inode(id).map_err(errno))
-        {
-            tracing::debug!("releasing inode {} after forget: {e:?}", id.ino);
-        }
-    }
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.on_rmdir(&Caller::from(_req), parent, name, reply)
-    }
-
-    fn symlink(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        link_name: &OsStr,
-        target: &std::path::Path,
-        reply: ReplyEntry,
-    ) {
-        self.on_symlink(&Caller::from(req), parent, link_name, target, reply)
-    }
-
-    fn rename(
-        &self,
-        _req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        newparent: INodeNo,
-        newname: &OsStr,
-        flags: fuser::RenameFlags,
-        reply: ReplyEmpty,
-    ) {
-        self.on_rename(
-            &Caller::from(_req),
-            parent,
-            name,
-            newparent,
-            newname,
-            flags,
-            reply,
-        )
-    }
-
-    fn link(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        newparent: INodeNo,
-        newname: &OsStr,
-        reply: ReplyEntry,
-    ) {
-        self.on_link(&Caller::from(_req), ino, newparent, newname, reply)
-    }
-
-    fn write(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        data: &[u8],
-        write_flags: fuser::WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: fuser::ReplyWrite,
-    ) {
-        self.on_write(
-            &Caller::from(_req),
-            ino,
-            _fh,
-            offset,
-            data,
-            write_flags,
-            _flags,
-            _lock_owner,
-            reply,
-        )
-    }
-
-    fn setxattr(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        name: &OsStr,
-        value: &[u8],
-        flags: i32,
-        position: u32,
-        reply: ReplyEmpty,
-    ) {
-        // Only without FUSE_SETXATTR_EXT does a SETXATTR come this way (see
-        // `init`), and then the kernel never asks to kill set-group-ID.
-        self.on_setxattr(
-            &Caller::from(_req),
-            ino,
-            name,
-            value,
-            flags,
-            position,
-            false,
-            reply,
-        )
-    }
-
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.on_removexattr(&Caller::from(_req), ino, name, reply)
-    }
-
-    fn create(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        _flags: i32,
-        reply: fuser::ReplyCreate,
-    ) {
-        self.on_create(&Caller::from(req), parent, name, mode, umask, _flags, reply)
-    }
-
-    fn fallocate(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        length: u64,
-        mode: i32,
-        reply: ReplyEmpty,
-    ) {
-        self.on_fallocate(&Caller::from(_req), ino, _fh, offset, length, mode, reply)
-    }
-
-    fn lseek(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: i64,
-        whence: i32,
-        reply: fuser::ReplyLseek,
-    ) {
-        self.on_lseek(&Caller::from(_req), ino, _fh, offset, whence, reply)
-    }
-
-    fn copy_file_range(
-        &self,
-        _req: &Request,
-        ino_in: INodeNo,
-        _fh_in: FileHandle,
-        offset_in: u64,
-        ino_out: INodeNo,
-        _fh_out: FileHandle,
-        offset_out: u64,
-        len: u64,
-        flags: fuser::CopyFileRangeFlags,
-        reply: fuser::ReplyWrite,
-    ) {
-        self.on_copy_file_range(
-            &Caller::from(_req),
-            ino_in,
-            _fh_in,
-            offset_in,
-            ino_out,
-            _fh_out,
-            offset_out,
-            len,
-            flags,
-            reply,
-        )
-    }
-
-    // Not implemented (locks are kept by the kernel for this mount).
-    // Answered here without fuser's default warning on every call.
-
-    fn getlk(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _lock_owner: LockOwner,
-        _start: u64,
-        _end: u64,
-        _typ: i32,
-        _pid: u32,
-        reply: fuser::ReplyLock,
-    ) {
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn setlk(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _lock_owner: LockOwner,
-        _start: u64,
-        _end: u64,
-        _typ: i32,
-        _pid: u32,
-        _sleep: bool,
-        reply: ReplyEmpty,
-    ) {
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn bmap(&self, _req: &Request, _ino: INodeNo, _bs: u32, _idx: u64, reply: fuser::ReplyBmap) {
-        reply.error(Errno::ENOSYS);
-    }
-    fn ioctl(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _flags: fuser::IoctlFlags,
-        cmd: u32,
-        in_data: &[u8],
-        _out_size: u32,
-        reply: fuser::ReplyIoctl,
-    ) {
-        self.on_ioctl(
-            &Caller::from(_req),
-            ino,
-            _fh,
-            _flags,
-            cmd,
-            in_data,
-            _out_size,
-            reply,
-        )
+        self.end_session();
     }
 }
 

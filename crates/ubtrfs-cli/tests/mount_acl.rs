@@ -12,8 +12,9 @@
 //! - without a default ACL the umask applies;
 //! - an ACL that says no more than the mode is not stored;
 //! - an ACL set by the owner from outside the file's group clears its
-//!   set-group-ID bit (over io_uring, where the mount is told to; the
-//!   test script has the kernel offer it);
+//!   set-group-ID bit;
+//! - all of it over io_uring (the test script has the kernel offer it)
+//!   and through `/dev/fuse` (`-o nouring`);
 //! - the image then passes `btrfs check` and the kernel reads the ACLs
 //!   ubtrfs wrote.
 //!
@@ -182,15 +183,28 @@ fn acls_work_as_in_the_kernel() {
     let expected = run_steps("kernel btrfs", kernel.path());
     kernel.unmount().unwrap();
 
-    let m = start_mount(
-        &ubtrfs_img,
-        &t.join("fuse"),
-        &["-o", "allow_other", "-o", "commit=300"],
-    );
-    let got = run_steps("ubtrfs", m.path());
-    m.unmount().unwrap();
-    for (e, g) in expected.iter().zip(&got) {
-        assert_eq!(g, e, "ubtrfs printed otherwise than the kernel");
+    // Over io_uring (where the kernel offers it) and through /dev/fuse:
+    // both answer the same, set-group-ID kill included.
+    let mut got = Vec::new();
+    for (how, extra) in [("default", None), ("nouring", Some("nouring"))] {
+        let img = if extra.is_some() {
+            new_image(&t, "ubtrfs-dev.img", IMAGE_SIZE)
+        } else {
+            ubtrfs_img.clone()
+        };
+        let mut args = vec!["-o", "allow_other", "-o", "commit=300"];
+        if let Some(o) = extra {
+            args.extend(["-o", o]);
+        }
+        let m = start_mount(&img, &t.join(format!("fuse-{how}")), &args);
+        got = run_steps("ubtrfs", m.path());
+        m.unmount().unwrap();
+        for (e, g) in expected.iter().zip(&got) {
+            assert_eq!(g, e, "ubtrfs ({how}) printed otherwise than the kernel");
+        }
+        if extra.is_some() {
+            check_image(&img);
+        }
     }
 
     // What ubtrfs wrote is what the kernel reads.

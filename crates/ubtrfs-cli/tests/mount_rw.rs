@@ -2226,8 +2226,9 @@ fn requests_come_over_io_uring_when_the_kernel_offers_it() {
             after[info::LOOKUP] > i[info::LOOKUP],
             "{label}: lookups counted"
         );
+        // Both ways answer statx with btrfs' birth time (the otime).
         let born = birth_time(&p("d/f7"));
-        assert_eq!(born.is_some(), ring, "{label}: birth time {born:?}");
+        assert!(born.is_some(), "{label}: no birth time");
         m.unmount_cleanly();
         check_image(&img);
         let k = Mount::single(&img, &t.join("kernel"), "ro").unwrap();

@@ -494,7 +494,7 @@ fn serve(
         };
         let served = Arc::new(Served::new(fs, !settings.read_only));
         let fuse = FuseFs::new(Arc::clone(&served), opts);
-        let for_rings = fuse.clone();
+        let serving = fuse.clone();
         let mut session = fuser::Session::new(fuse, mountpoint, config).with_context(|| {
             format!("cannot mount {} on {}", list(devices), mountpoint.display())
         })?;
@@ -505,7 +505,7 @@ fn serve(
             // As fuser tells the owner. SAFETY: geteuid cannot fail.
             owner: unsafe { libc::geteuid() },
         };
-        let rings = match for_rings.start_rings(session.as_fd().as_raw_fd(), access) {
+        let rings = match serving.start_rings(session.as_fd().as_raw_fd(), access) {
             Ok(rings) => rings,
             // Unmounted before the queues were up (the kernel refuses
             // entries of a connection that ended): the session ends at
@@ -528,12 +528,23 @@ fn serve(
         if rings {
             tracing::info!("serving over io_uring");
         }
+        // Our own threads read /dev/fuse, not fuser's loop: they answer
+        // what fuser cannot (statx, the ACL set-group-ID kill). Beside the
+        // rings only FORGET, INTERRUPT and DESTROY come that way.
+        let threads = if rings {
+            1
+        } else {
+            config.n_threads.unwrap_or(1)
+        };
+        let dev = serving
+            .serve_dev(session.as_fd(), threads, access)
+            .context("cannot start the threads reading /dev/fuse")?;
         served.set_notifier(session.notifier());
         raise_readahead(mountpoint);
         let unmounter = session.unmount_callable();
-        Ok((session, unmounter, served))
+        Ok((session, dev, unmounter, served))
     })();
-    let (session, unmounter, served) = match mounted {
+    let (session, dev, unmounter, served) = match mounted {
         Ok(m) => m,
         Err(e) => {
             if let Some(mut pipe) = notify.take() {
@@ -569,9 +580,11 @@ fn serve(
         drop(pipe);
         detach_stdio();
     }
-    let ran = session.run();
-    // Normally `destroy` made the last commit already; this returns its
-    // outcome, or makes it if the session ended without `destroy`.
+    let ran = dev.join();
+    // The connection is over: dropping the session makes the last commit
+    // (`FuseFs::end_session`) and unmounts if the kernel has not yet.
+    drop(session);
+    // This returns the last commit's outcome.
     let committed = served.finish();
     if let (Err(e), Err(_)) = (&ran, &committed) {
         // Reported here: the error returned is the lost commit.

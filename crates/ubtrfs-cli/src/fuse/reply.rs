@@ -1,7 +1,7 @@
-//! The answers a handler gives, whichever way the request came: through
-//! `fuser` (`/dev/fuse`) or over io_uring (`ring.rs`). Each handler is
-//! written once against these traits; `fuser`'s reply types implement
-//! them here, the ring's in `ring.rs`.
+//! The answers a handler gives, whichever way the request came: read
+//! from `/dev/fuse` (`dev.rs`) or over io_uring (`ring.rs`). Each handler
+//! is written once against these traits; `wire.rs` implements them in the
+//! wire layout for both.
 
 use fuser::{Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo};
 use std::ffi::OsStr;
@@ -28,12 +28,6 @@ impl Caller {
     }
     pub fn pid(&self) -> u32 {
         self.pid
-    }
-}
-
-impl From<&fuser::Request> for Caller {
-    fn from(r: &fuser::Request) -> Caller {
-        Caller::new(r.uid(), r.gid(), r.pid())
     }
 }
 
@@ -138,146 +132,4 @@ pub(crate) trait DirPlusReply: Reply {
         generation: Generation,
     ) -> bool;
     fn ok(self);
-}
-
-// `fuser`'s types answer through `/dev/fuse`.
-
-macro_rules! fuser_error {
-    ($($t:ty),*) => {$(
-        impl Reply for $t {
-            fn error(self, e: Errno) {
-                <$t>::error(self, e)
-            }
-        }
-    )*};
-}
-
-fuser_error!(
-    fuser::ReplyEntry,
-    fuser::ReplyAttr,
-    fuser::ReplyData,
-    fuser::ReplyOpen,
-    fuser::ReplyEmpty,
-    fuser::ReplyCreate,
-    fuser::ReplyWrite,
-    fuser::ReplyXattr,
-    fuser::ReplyLseek,
-    fuser::ReplyIoctl,
-    fuser::ReplyStatfs,
-    fuser::ReplyDirectory,
-    fuser::ReplyDirectoryPlus
-);
-
-impl EntryReply for fuser::ReplyEntry {
-    fn entry(self, ttl: &Duration, attr: &FileAttr, generation: Generation) {
-        fuser::ReplyEntry::entry(self, ttl, attr, generation)
-    }
-}
-
-impl AttrReply for fuser::ReplyAttr {
-    fn attr(self, ttl: &Duration, attr: &FileAttr) {
-        fuser::ReplyAttr::attr(self, ttl, attr)
-    }
-}
-
-impl DataReply for fuser::ReplyData {
-    fn data(self, data: &[u8]) {
-        fuser::ReplyData::data(self, data)
-    }
-}
-
-impl OpenReply for fuser::ReplyOpen {
-    fn opened(self, fh: FileHandle, flags: FopenFlags) {
-        fuser::ReplyOpen::opened(self, fh, flags)
-    }
-}
-
-impl EmptyReply for fuser::ReplyEmpty {
-    fn ok(self) {
-        fuser::ReplyEmpty::ok(self)
-    }
-}
-
-impl CreateReply for fuser::ReplyCreate {
-    fn created(
-        self,
-        ttl: &Duration,
-        attr: &FileAttr,
-        generation: Generation,
-        fh: FileHandle,
-        flags: FopenFlags,
-    ) {
-        fuser::ReplyCreate::created(self, ttl, attr, generation, fh, flags)
-    }
-}
-
-impl WriteReply for fuser::ReplyWrite {
-    fn written(self, size: u32) {
-        fuser::ReplyWrite::written(self, size)
-    }
-}
-
-impl XattrReply for fuser::ReplyXattr {
-    fn size(self, size: u32) {
-        fuser::ReplyXattr::size(self, size)
-    }
-    fn data(self, data: &[u8]) {
-        fuser::ReplyXattr::data(self, data)
-    }
-}
-
-impl LseekReply for fuser::ReplyLseek {
-    fn offset(self, offset: i64) {
-        fuser::ReplyLseek::offset(self, offset)
-    }
-}
-
-impl IoctlReply for fuser::ReplyIoctl {
-    fn ioctl(self, result: i32, data: &[u8]) {
-        fuser::ReplyIoctl::ioctl(self, result, data)
-    }
-}
-
-impl StatfsReply for fuser::ReplyStatfs {
-    fn statfs(
-        self,
-        blocks: u64,
-        bfree: u64,
-        bavail: u64,
-        files: u64,
-        ffree: u64,
-        bsize: u32,
-        namelen: u32,
-        frsize: u32,
-    ) {
-        fuser::ReplyStatfs::statfs(
-            self, blocks, bfree, bavail, files, ffree, bsize, namelen, frsize,
-        )
-    }
-}
-
-impl DirReply for fuser::ReplyDirectory {
-    fn add(&mut self, ino: INodeNo, offset: u64, kind: FileType, name: &OsStr) -> bool {
-        fuser::ReplyDirectory::add(self, ino, offset, kind, name)
-    }
-    fn ok(self) {
-        fuser::ReplyDirectory::ok(self)
-    }
-}
-
-impl DirPlusReply for fuser::ReplyDirectoryPlus {
-    fn add(
-        &mut self,
-        ino: INodeNo,
-        offset: u64,
-        name: &OsStr,
-        ttl: &Duration,
-        attr: &FileAttr,
-        generation: Generation,
-    ) -> bool {
-        fuser::ReplyDirectoryPlus::add(self, ino, offset, name, ttl, attr, generation)
-    }
-    fn ok(self) {
-        fuser::ReplyDirectoryPlus::ok(self)
-    }
 }

@@ -228,25 +228,29 @@ fn serve(
             ));
         };
         let h = req.header;
-        let answer = DevAnswer {
-            fd: Arc::clone(fd),
-            unique: h.unique,
-            answered: false,
-        };
+        // Forgets want no answer.
         match h.opcode {
             FORGET => {
-                std::mem::forget(answer);
                 handler.forget(h.nodeid, req.arg.u64(0));
+                continue;
             }
             BATCH_FORGET => {
-                std::mem::forget(answer);
                 let count = req.arg.u32(0) as usize;
                 let items = req.arg.0.get(8..).unwrap_or_default();
                 for one in items.chunks_exact(16).take(count) {
                     let one = Args(one);
                     handler.forget(one.u64(0), one.u64(8));
                 }
+                continue;
             }
+            _ => {}
+        }
+        let answer = DevAnswer {
+            fd: Arc::clone(fd),
+            unique: h.unique,
+            answered: false,
+        };
+        match h.opcode {
             // Interrupts are not served: the kernel stops sending them.
             INTERRUPT => answer.error(libc::ENOSYS),
             // Negotiated once, before this loop started.

@@ -9,8 +9,9 @@
 //! asking for `security.capability` before every write, and leaves it to
 //! the filesystem to clear these bits where Linux clears them. The kernel
 //! marks the requests that must clear them (`FATTR_KILL_SUIDGID`,
-//! `FUSE_WRITE_KILL_SUIDGID`), but fuser passes only the write's mark on,
-//! so the others are recognised by their shape:
+//! `FUSE_WRITE_KILL_SUIDGID`); `on_setattr` takes its arguments in
+//! `fuser`'s shape, without the mark, so the others are recognised by
+//! their shape:
 //!
 //! * a write marked by the kernel (the writer lacks `CAP_FSETID`);
 //! * a `setattr` that changes nothing: before a write, fallocate or
@@ -365,6 +366,12 @@ impl WriteCtx {
         // change needs.
         self.served.fs_unlocked().throttle_writes();
         let done = self.served.write(|fs| {
+            // The common case in one change of the inode: the kernel keeps
+            // a regular file's times under the writeback cache.
+            if self.writeback_cache && !kill {
+                let n = fs.write_keep_times(id, offset, data).map_err(errno)?;
+                return Ok((u32::try_from(n).map_err(|_| Errno::EOVERFLOW)?, false));
+            }
             keep_times(self.writeback_cache, fs, id, || {
                 let killed = kill && kill_privs(fs, id)?;
                 let n = fs.write(id, offset, data).map_err(errno)?;

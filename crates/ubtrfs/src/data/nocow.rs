@@ -248,6 +248,24 @@ mod tests {
     }
 
     #[test]
+    fn failed_read_of_a_part_sector_leaves_nothing_of_a_write() {
+        // An ordinary (copy-on-write) file: the write reads the sectors it
+        // covers in part, and that read meets the damaged item.
+        let t = TestFs::new();
+        let id = t.fs().create(t.fs().root(), b"cow", FILE).unwrap().id;
+        t.fs().write(id, 0, &[1u8; 12288]).unwrap();
+        t.fs().commit().unwrap();
+        t.skew_extent(id, 0, 8192);
+        t.fs().commit().unwrap();
+        let before = t.inode(id);
+        // Sector 0 and 2 in part, sector 1 whole.
+        corrupt(t.fs().write(id, 100, &[2u8; 8192]));
+        assert!(!t.fs().delalloc().has(id), "the whole sector was kept");
+        assert_eq!(t.inode(id), before);
+        t.fs().commit().unwrap();
+    }
+
+    #[test]
     fn damage_after_the_write_is_still_refused_at_writeback() {
         let t = TestFs::new();
         let id = nocow_file(&t, b"nocow", &[1u8; 12288]);

@@ -48,6 +48,17 @@ impl Filesystem {
     /// Write `data` at `offset` of file `id`; returns the bytes written.
     /// The data is held dirty until writeback (at the latest, the commit).
     pub fn write(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<usize> {
+        self.write_data(id, offset, data, true)
+    }
+
+    /// [`Filesystem::write`], leaving the modification and change times
+    /// as they are: for a caller that keeps them itself and sets them
+    /// when it sees fit (a FUSE mount under the kernel's writeback cache).
+    pub fn write_keep_times(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<usize> {
+        self.write_data(id, offset, data, false)
+    }
+
+    fn write_data(&self, id: InodeId, offset: u64, data: &[u8], touch: bool) -> Result<usize> {
         if data.is_empty() {
             return Ok(0);
         }
@@ -93,26 +104,25 @@ impl Filesystem {
                 + u64::from(uninline && first > 0 && d.sector(id, 0).is_none())
         };
         self.reserve_dirty_space(&mut w, new_sectors * ss)?;
-        // Sectors the write covers whole take its bytes in one go; one it
-        // covers in part keeps its other bytes (dirty ones, or from disk).
+        // Sectors the write covers in part keep their other bytes (dirty
+        // ones, or from disk): read first, so a failed read (a damaged
+        // extent) leaves nothing of the write behind.
         let (full_lo, full_hi) = (offset.div_ceil(ss), end / ss);
-        if full_lo < full_hi {
-            let from = (full_lo * ss - offset) as usize;
-            let to = (full_hi * ss - offset) as usize;
-            self.delalloc()
-                .put_sectors(id, full_lo, &data[from..to], ss);
-        }
         let mut sectors = Vec::new();
         if uninline && first > 0 {
             sectors.push(0);
         }
         sectors.extend((first..=last).filter(|&i| i < full_lo || i >= full_hi));
         sectors.dedup();
+        let mut partial = Vec::with_capacity(sectors.len());
         for idx in sectors {
             let s = idx * ss;
             let existing = self.delalloc().sector(id, idx).map(|b| b.to_vec());
             let mut buf = match existing {
                 Some(b) => b,
+                // Wholly past the old end: nothing there to keep (as in
+                // the kernel, which zeroes such a page rather than read it).
+                None if s >= inode.size => vec![0u8; ss as usize],
                 None => {
                     let mut b = self.read_stored(id, s, ss as usize)?;
                     b.resize(ss as usize, 0);
@@ -125,13 +135,25 @@ impl Filesystem {
                 buf[(lo - s) as usize..(hi - s) as usize]
                     .copy_from_slice(&data[(lo - offset) as usize..(hi - offset) as usize]);
             }
+            partial.push((idx, buf));
+        }
+        // Sectors the write covers whole take its bytes in one go.
+        if full_lo < full_hi {
+            let from = (full_lo * ss - offset) as usize;
+            let to = (full_hi * ss - offset) as usize;
+            self.delalloc()
+                .put_sectors(id, full_lo, &data[from..to], ss);
+        }
+        for (idx, buf) in partial {
             self.delalloc().put(id, idx, buf.into_boxed_slice());
         }
         let now = Timespec::now();
         self.change_inode(&mut w, id, |i| {
             i.size = new_size;
-            i.mtime = now;
-            i.ctime = now;
+            if touch {
+                i.mtime = now;
+                i.ctime = now;
+            }
         })?;
         // Data that compression jobs hold is on its way already; finished
         // ones become extents (their memory is freed) without waiting for

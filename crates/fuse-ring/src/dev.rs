@@ -110,8 +110,9 @@ pub fn fixed_arg_len(op: u32, setxattr_ext: bool) -> Option<usize> {
     })
 }
 
-/// Splits the request in `buf` (as read from `/dev/fuse`); `None` if it
-/// is shorter than its header says or than a header.
+/// Splits the request in `buf` (as read from `/dev/fuse`, one whole
+/// request); `None` if it is shorter than a header, or than the
+/// extensions its header names.
 pub fn split(buf: &[u8], setxattr_ext: bool) -> Option<Request<'_>> {
     if buf.len() < IN_HEADER_LEN {
         return None;
@@ -152,7 +153,10 @@ impl DevThreads {
     ) -> io::Result<DevThreads> {
         let mut fds = Vec::new();
         for _ in 0..threads.max(1) {
-            fds.push(clone_fd(fd.as_raw_fd())?);
+            // Where /dev/fuse cannot be opened (a sandbox handed only the
+            // session's descriptor), threads share that one, as they may.
+            let own = clone_fd(fd.as_raw_fd()).or_else(|_| fd.try_clone_to_owned())?;
+            fds.push(own);
         }
         let mut out = DevThreads {
             threads: Vec::new(),
@@ -251,7 +255,8 @@ fn serve(
             answered: false,
         };
         match h.opcode {
-            // Interrupts are not served: the kernel stops sending them.
+            // Interrupts are not served (as with `fuser`); the request
+            // they name runs to its end.
             INTERRUPT => answer.error(libc::ENOSYS),
             // Negotiated once, before this loop started.
             INIT => answer.error(libc::EPROTO),

@@ -498,6 +498,9 @@ fn serve(
         let mut session = fuser::Session::new(fuse, mountpoint, config).with_context(|| {
             format!("cannot mount {} on {}", list(devices), mountpoint.display())
         })?;
+        // Before any request is served: a change may need to tell the
+        // kernel what it caches (a killed set-user-ID bit).
+        served.set_notifier(session.notifier());
         // INIT is answered: if the kernel took FUSE over io_uring, it now
         // waits for the queues, and holds requests until they are up.
         let access = crate::fuse::Access {
@@ -539,7 +542,6 @@ fn serve(
         let dev = serving
             .serve_dev(session.as_fd(), threads, access)
             .context("cannot start the threads reading /dev/fuse")?;
-        served.set_notifier(session.notifier());
         raise_readahead(mountpoint);
         let unmounter = session.unmount_callable();
         Ok((session, dev, unmounter, served))

@@ -25,6 +25,9 @@ const BATCH_FORGET: u32 = 42;
 /// `FUSE_DEV_IOC_CLONE`: `_IOR(229, 0, uint32_t)`.
 const DEV_IOC_CLONE: libc::c_ulong = 0x8004_e500;
 
+/// Parts of an answer written without joining them first.
+const MAX_PARTS: usize = 3;
+
 /// Room for the largest request beside `max_write` bytes of data: the
 /// header, the largest fixed argument and names (the kernel's own minimum
 /// read buffer is 8 KiB).
@@ -67,21 +70,37 @@ impl DevAnswer {
         header[0..4].copy_from_slice(&(len as u32).to_ne_bytes());
         header[4..8].copy_from_slice(&error.to_ne_bytes());
         header[8..16].copy_from_slice(&self.unique.to_ne_bytes());
-        let mut iov = Vec::with_capacity(parts.len() + 1);
+        // Every request answers through here: no allocation for the usual
+        // one or two parts.
+        let joined: Vec<u8>;
+        let one: [&[u8]; 1];
+        let parts = if parts.len() > MAX_PARTS {
+            joined = parts.concat();
+            one = [&joined[..]];
+            &one[..]
+        } else {
+            parts
+        };
+        let empty = libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        };
+        let mut iov = [empty; MAX_PARTS + 1];
+        let mut n = 0;
         for p in std::iter::once(&header[..]).chain(parts.iter().copied()) {
             if !p.is_empty() {
-                iov.push(libc::iovec {
+                iov[n] = libc::iovec {
                     iov_base: p.as_ptr() as *mut libc::c_void,
                     iov_len: p.len(),
-                });
+                };
+                n += 1;
             }
         }
-        // SAFETY: every iovec points into a slice that outlives the call.
-        let rc = unsafe { libc::writev(self.fd.as_raw_fd(), iov.as_ptr(), iov.len() as i32) };
-        // ENOENT: the request was interrupted and is gone; the kernel
-        // wants nothing more. Any other failure has no one to go to: the
-        // connection is ending.
-        let _ = rc;
+        // SAFETY: the first `n` iovecs point into slices that outlive the
+        // call. A failure has no one to go to: ENOENT means the request
+        // was interrupted and is gone, anything else that the connection
+        // is ending.
+        unsafe { libc::writev(self.fd.as_raw_fd(), iov.as_ptr(), n as i32) };
     }
 }
 
@@ -310,6 +329,42 @@ mod tests {
         let b = request(opcode::SETXATTR, &body);
         assert_eq!(split(&b, true).unwrap().arg.0.len(), 16);
         assert_eq!(split(&b, false).unwrap().arg.0.len(), 8);
+    }
+
+    /// What `answer` writes, read back through a pipe.
+    fn written(answer: impl FnOnce(DevAnswer)) -> Vec<u8> {
+        let mut ends = [0; 2];
+        // SAFETY: `ends` has room for the two descriptors.
+        assert_eq!(unsafe { libc::pipe(ends.as_mut_ptr()) }, 0);
+        // SAFETY: both were just made and are owned here alone.
+        let (r, w) = unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
+        answer(DevAnswer {
+            fd: Arc::new(w),
+            unique: 77,
+            answered: false,
+        });
+        let mut buf = vec![0u8; 4096];
+        // SAFETY: reads into a buffer owned here, at most its length.
+        let n = unsafe { libc::read(r.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        buf.truncate(n.max(0) as usize);
+        buf
+    }
+
+    #[test]
+    fn answers_carry_header_parts_and_errors() {
+        let parts: [&[u8]; 5] = [b"ab", b"", b"cde", b"f", b"gh"];
+        let b = written(|a| a.reply(&parts));
+        let h = Args(&b);
+        assert_eq!((h.u32(0), h.u32(4), h.u64(8)), (24, 0, 77));
+        assert_eq!(&b[16..], b"abcdefgh");
+        let b = written(|a| a.error(libc::ENOENT));
+        assert_eq!(
+            (Args(&b).u32(0), Args(&b).u32(4) as i32),
+            (16, -libc::ENOENT)
+        );
+        // Dropped unanswered: EIO, so the caller does not wait for ever.
+        let b = written(drop);
+        assert_eq!(Args(&b).u32(4) as i32, -libc::EIO);
     }
 
     #[test]

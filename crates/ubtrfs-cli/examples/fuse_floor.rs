@@ -387,8 +387,8 @@ fn main() -> Result<()> {
         uring_wanted: !nouring,
         rings: Arc::clone(&rings),
     };
-    // The session setup of `ubtrfs mount`: same thread count, one
-    // /dev/fuse descriptor per thread, kernel permission checks.
+    // The session setup of `ubtrfs mount`: same thread count, kernel
+    // permission checks.
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::DefaultPermissions,
@@ -403,7 +403,6 @@ fn main() -> Result<()> {
             .map(|n| n.get().clamp(2, 8))
             .unwrap_or(2),
     );
-    config.clone_fd = true;
     let session = fuser::Session::new(fs, mountpoint, &config)
         .with_context(|| format!("cannot mount on {mountpoint}"))?;
     // INIT is done: if the kernel agreed, requests go over io_uring from

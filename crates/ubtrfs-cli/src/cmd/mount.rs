@@ -342,9 +342,9 @@ fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<(Config, Settings)> 
     let mut config = Config::default();
     config.mount_options = opts;
     config.acl = acl;
+    // Read by `serve` for the /dev/fuse threads (each with a descriptor
+    // of its own, `fuse_ring::dev`); fuser's own loop never runs.
     config.n_threads = Some(threads);
-    // One /dev/fuse descriptor per thread, so they do not contend on one queue.
-    config.clone_fd = true;
     let mut new_file_flags = 0;
     if nodatasum {
         new_file_flags |= INODE_NODATASUM;

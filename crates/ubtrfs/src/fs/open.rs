@@ -136,7 +136,7 @@ impl Filesystem {
         }
         check_devices(&set, &chunks, &dev_items, &mut warnings)?;
         let volume = Arc::new(Volume::new(set, chunks));
-        let trees = TreeReader::new(volume, &sb);
+        let trees = TreeReader::new(volume, &sb).with_read_ahead();
         let mut roots = HashMap::new();
         roots.insert(
             ROOT_TREE_OBJECTID,

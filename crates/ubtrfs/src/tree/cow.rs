@@ -17,6 +17,17 @@ use crate::format::node::{
 use crate::{Error, Result};
 use std::sync::Arc;
 
+/// Where an overfull block is cut.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Split {
+    /// In the middle of its bytes: room on both sides for inserts.
+    Middle,
+    /// After all that fits in the first block. For keys arriving in
+    /// increasing order, which land past the end: halves would leave
+    /// every block behind them half empty (the kernel's trees fill them).
+    FillLeft,
+}
+
 /// Leaf items as the edit closure of [`TreeEditor::edit`] sees them, in key order.
 pub type Items = Vec<(Key, Vec<u8>)>;
 
@@ -41,6 +52,9 @@ pub struct Leaf {
     undo: Vec<Undo>,
     /// The block `items` were decoded from, kept for `undo`.
     decoded_from: Option<Arc<Node>>,
+    /// An item went in after the last one: keys growing in order (new
+    /// inodes, a directory's next index, the next extent) keep coming here.
+    appended: bool,
 }
 
 /// The inverse of one change made to a leaf block in place.
@@ -60,6 +74,7 @@ impl Leaf {
             in_place,
             undo: Vec::new(),
             decoded_from: None,
+            appended: false,
         }
     }
 
@@ -154,6 +169,7 @@ impl Leaf {
         }
         self.check_size(&key, data.len())?;
         self.changed = true;
+        self.appended |= pos == n;
         if let Some(b) = &mut self.block
             && b.free_space() >= ITEM_SIZE + data.len()
         {
@@ -493,8 +509,13 @@ impl<'a> TreeEditor<'a> {
                 self.free(&node)?;
                 return Ok((Some(Vec::new()), r));
             }
+            let how = if leaf.appended {
+                Split::FillLeft
+            } else {
+                Split::Middle
+            };
             return Ok((
-                Some(self.write_blocks(Some(&node), 0, Body::Leaf(items))?),
+                Some(self.write_split(Some(&node), 0, Body::Leaf(items), how)?),
                 r,
             ));
         }
@@ -533,6 +554,12 @@ impl<'a> TreeEditor<'a> {
         let Body::Internal(mut ptrs) = node.body() else {
             return Err(Error::corrupt("node without pointers"));
         };
+        // The last child split: its parent fills up from the left too.
+        let how = if slot + 1 == node.nritems() && repl.len() > 1 {
+            Split::FillLeft
+        } else {
+            Split::Middle
+        };
         ptrs.splice(slot..=slot, repl);
         if single {
             self.maybe_merge(&mut ptrs, slot, node.level() - 1)?;
@@ -547,7 +574,7 @@ impl<'a> TreeEditor<'a> {
             return Ok((Some(self.write_blocks(None, 0, Body::Leaf(Vec::new()))?), r));
         }
         Ok((
-            Some(self.write_blocks(Some(&node), node.level(), Body::Internal(ptrs))?),
+            Some(self.write_split(Some(&node), node.level(), Body::Internal(ptrs), how)?),
             r,
         ))
     }
@@ -720,7 +747,18 @@ impl<'a> TreeEditor<'a> {
     /// Write `body` as one or more blocks at `level`, the first one in place
     /// of `old` (reused if this transaction already wrote it, else copied).
     fn write_blocks(&mut self, old: Option<&Node>, level: u8, body: Body) -> Result<Vec<KeyPtr>> {
-        let pieces = self.split(body);
+        self.write_split(old, level, body, Split::Middle)
+    }
+
+    /// [`TreeEditor::write_blocks`], cutting an overfull body as `how` says.
+    fn write_split(
+        &mut self,
+        old: Option<&Node>,
+        level: u8,
+        body: Body,
+        how: Split,
+    ) -> Result<Vec<KeyPtr>> {
+        let pieces = self.split(body, how);
         let mut out = Vec::with_capacity(pieces.len());
         let transid = self.blocks.transid();
         for (i, piece) in pieces.into_iter().enumerate() {
@@ -740,8 +778,9 @@ impl<'a> TreeEditor<'a> {
         Ok(out)
     }
 
-    /// Cut `body` into blocks that fit, halving at the middle of its bytes.
-    fn split(&self, body: Body) -> Vec<Body> {
+    /// Cut `body` into blocks that fit: halving at the middle of its bytes,
+    /// or, with [`Split::FillLeft`], keeping all that fits in the first.
+    fn split(&self, body: Body, how: Split) -> Vec<Body> {
         let cap = self.capacity();
         if body.used() <= cap || body.len() < 2 {
             return vec![body];
@@ -753,8 +792,14 @@ impl<'a> TreeEditor<'a> {
                 let mut at = items.len() - 1;
                 for (i, (_, d)) in items.iter().enumerate() {
                     acc += ITEM_SIZE + d.len();
-                    if acc >= half {
-                        at = (i + 1).clamp(1, items.len() - 1);
+                    let cut = match how {
+                        Split::Middle if acc >= half => Some(i + 1),
+                        // The item that would overflow the first block starts the next.
+                        Split::FillLeft if acc > cap => Some(i),
+                        _ => None,
+                    };
+                    if let Some(cut) = cut {
+                        at = cut.clamp(1, items.len() - 1);
                         break;
                     }
                 }
@@ -762,13 +807,17 @@ impl<'a> TreeEditor<'a> {
                 (Body::Leaf(items), Body::Leaf(right))
             }
             Body::Internal(mut ptrs) => {
-                let at = (half / KEY_PTR_SIZE).clamp(1, ptrs.len() - 1);
+                let at = match how {
+                    Split::Middle => half / KEY_PTR_SIZE,
+                    Split::FillLeft => cap / KEY_PTR_SIZE,
+                };
+                let at = at.clamp(1, ptrs.len() - 1);
                 let right = ptrs.split_off(at);
                 (Body::Internal(ptrs), Body::Internal(right))
             }
         };
-        let mut out = self.split(a);
-        out.extend(self.split(b));
+        let mut out = self.split(a, how);
+        out.extend(self.split(b, how));
         out
     }
 
@@ -950,6 +999,12 @@ mod tests {
     }
 
     fn reader(nodesize: u32) -> TreeReader {
+        reader_on(nodesize, Arc::new(NullDevice(Counters::default())))
+    }
+
+    /// A reader of a volume with one device, logical addresses mapped
+    /// one to one onto it.
+    fn reader_on(nodesize: u32, dev: Arc<dyn Device>) -> TreeReader {
         // A superblock with just what the reader needs.
         let mut raw = vec![0u8; 4096];
         raw[0x40..0x48].copy_from_slice(&BTRFS_MAGIC.to_le_bytes());
@@ -960,7 +1015,6 @@ mod tests {
         let c = CsumType::Crc32c.compute(&raw[32..]);
         raw[..32].copy_from_slice(&c);
         let sb = Superblock::parse(&raw, 0x10000).unwrap();
-        let dev: Arc<dyn Device> = Arc::new(NullDevice(Counters::default()));
         let set = DeviceSet::with_superblock(vec![(1, dev)], sb.clone());
         let chunks = ChunkMap::default();
         chunks
@@ -1031,6 +1085,114 @@ mod tests {
         for k in model.keys().step_by(7) {
             assert_eq!(tree.get(k).unwrap().unwrap().data(), &model[k][..]);
         }
+    }
+
+    /// How full each block of `level` is (bytes used of its capacity), in
+    /// key order.
+    fn fill(r: &TreeReader, root: RootPtr, level: u8) -> Vec<f64> {
+        let cap = (r.nodesize() - HEADER_SIZE) as f64;
+        let mut out = Vec::new();
+        r.tree(root)
+            .walk(&mut |node| {
+                if node.level() == level {
+                    out.push(node.used() as f64 / cap);
+                }
+                Ok(())
+            })
+            .unwrap();
+        out
+    }
+
+    #[test]
+    fn keys_in_increasing_order_fill_their_blocks() {
+        // 20,000 items of 40 bytes in order (as new inodes arrive): the
+        // blocks left behind are full, as the kernel's are, not half empty.
+        let r = reader(4096);
+        let mut blocks = Blocks::new(4096);
+        let mut root = empty_tree(&r, &mut blocks);
+        let mut model = BTreeMap::new();
+        for i in 0..20_000u64 {
+            let key = Key::new(256 + i / 2, (i % 2) as u8, 0);
+            let data = vec![i as u8; 40];
+            TreeEditor::new(&r, &mut blocks, 5, [0; 16])
+                .insert(&mut root, key, data.clone())
+                .unwrap();
+            model.insert(key, data);
+            if i % 5000 == 4999 {
+                // Later transactions copy the blocks they change.
+                blocks.transid += 1;
+                r.commit_done(blocks.transid - 1);
+            }
+        }
+        check_tree(&r, root, &model, &blocks.live);
+        // Every block but the last of its level, where inserts go on.
+        for level in [0, 1] {
+            let f = fill(&r, root, level);
+            assert!(f.len() > 2, "{} blocks at level {level}", f.len());
+            let least = f[..f.len() - 1].iter().copied().fold(1.0, f64::min);
+            assert!(least > 0.95, "a level-{level} block is {least:.2} full");
+        }
+
+        // In random order the cut stays in the middle: no block is left
+        // nearly empty behind a full one by inserts between its keys.
+        let r = reader(4096);
+        let mut blocks = Blocks::new(4096);
+        let mut root = empty_tree(&r, &mut blocks);
+        let mut x: u64 = 0x9e37_79b9;
+        for i in 0..20_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let key = Key::new(256 + x % 1_000_000, 1, x >> 40);
+            TreeEditor::new(&r, &mut blocks, 5, [0; 16])
+                .put(&mut root, key, vec![i as u8; 40])
+                .unwrap();
+        }
+        let f = fill(&r, root, 0);
+        let used = f.iter().sum::<f64>() / f.len() as f64;
+        assert!(
+            (0.6..0.9).contains(&used),
+            "random inserts: leaves {used:.2} full"
+        );
+    }
+
+    #[test]
+    fn a_cached_block_that_does_not_match_its_pointer_is_read_again() {
+        // Readahead can leave an address's old block in the cache after
+        // the new one was evicted: a lookup then reads the disk, where
+        // the block the pointer names is.
+        let dev = Arc::new(crate::device::MemDevice::new("mem", vec![0; 4 << 20]));
+        let r = reader_on(4096, dev.clone());
+        let mut blocks = Blocks::new(4096);
+        let mut root = empty_tree(&r, &mut blocks);
+        blocks.transid = 2;
+        let key = Key::new(300, 1, 0);
+        TreeEditor::new(&r, &mut blocks, 5, [0; 16])
+            .insert(&mut root, key, vec![7; 20])
+            .unwrap();
+        for n in r.dirty_blocks() {
+            dev.write_at(n.header.bytenr, &n.sealed_bytes(r.csum_type()))
+                .unwrap();
+        }
+        r.commit_done(2);
+        let now = r.tree(root).get(&key).unwrap().unwrap().leaf().clone();
+        let mut stale = (*now).clone();
+        let mut header = stale.header.clone();
+        header.generation = 1;
+        stale.set_header(&header);
+        r.cache.insert(root.bytenr, Arc::new(stale));
+
+        let before = r.blocks_read();
+        let got = r.tree(root).get(&key).unwrap().unwrap();
+        assert_eq!(got.data(), &[7; 20]);
+        assert_eq!(got.leaf().header.generation, 2);
+        assert_eq!(r.blocks_read() - before, 1, "the block is read again");
+        // A pointer that matches neither copy is still an error.
+        let wrong = RootPtr {
+            generation: Some(3),
+            ..root
+        };
+        assert!(r.tree(wrong).get(&key).is_err());
     }
 
     #[test]

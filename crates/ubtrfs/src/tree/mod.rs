@@ -3,9 +3,12 @@
 pub mod cow;
 mod node_cache;
 
+mod read_ahead;
+
 pub use cow::{BlockSource, Leaf, TreeEditor};
 use node_cache::AddrMap;
 pub use node_cache::NodeCache;
+use read_ahead::ReadAhead;
 
 use crate::format::node::{Expect, Node};
 use crate::format::superblock::Superblock;
@@ -29,14 +32,19 @@ pub struct RootPtr {
 /// Reads and verifies tree blocks, trying every copy, through a cache.
 pub struct TreeReader {
     volume: Arc<Volume>,
-    cache: NodeCache,
+    cache: Arc<NodeCache>,
     csum_type: CsumType,
     fsid: [u8; 16],
     nodesize: usize,
-    super_generation: AtomicU64,
+    super_generation: Arc<AtomicU64>,
     /// Blocks written by the running transaction, not yet on disk. Reads
     /// see them first.
-    dirty: RwLock<AddrMap<Arc<Node>>>,
+    dirty: Arc<RwLock<AddrMap<Arc<Node>>>>,
+    /// Leaves read ahead of scans, when switched on.
+    ahead: Option<ReadAhead>,
+    /// Blocks read from the devices because a lookup wanted them (not
+    /// ahead of it).
+    blocks_read: AtomicU64,
 }
 
 impl TreeReader {
@@ -45,13 +53,45 @@ impl TreeReader {
         let nodesize = sb.nodesize as usize;
         TreeReader {
             volume,
-            cache: NodeCache::new((64 << 20) / nodesize),
+            cache: Arc::new(NodeCache::new((64 << 20) / nodesize)),
             csum_type: sb.csum_type,
             fsid: sb.tree_fsid(),
             nodesize,
-            super_generation: AtomicU64::new(sb.generation),
-            dirty: RwLock::new(AddrMap::default()),
+            super_generation: Arc::new(AtomicU64::new(sb.generation)),
+            dirty: Arc::new(RwLock::new(AddrMap::default())),
+            ahead: None,
+            blocks_read: AtomicU64::new(0),
         }
+    }
+
+    /// Read leaves ahead of scans on a thread of its own: when a leaf is
+    /// not in memory, the leaves after it under the same parent are read
+    /// too, so a walk in key order (a listing, the lookups of one
+    /// directory's files) finds them in memory, as the kernel's forward
+    /// readahead does.
+    pub fn with_read_ahead(mut self) -> Self {
+        self.ahead = Some(ReadAhead::new(read_ahead::Target {
+            volume: self.volume.clone(),
+            cache: self.cache.clone(),
+            dirty: self.dirty.clone(),
+            super_generation: self.super_generation.clone(),
+            csum_type: self.csum_type,
+            fsid: self.fsid,
+            nodesize: self.nodesize,
+        }));
+        self
+    }
+
+    /// Whether leaves asked for by readahead are still being read (a
+    /// caller measuring I/O waits for this to turn false).
+    pub fn reading_ahead(&self) -> bool {
+        self.ahead.as_ref().is_some_and(|a| a.busy())
+    }
+
+    /// Blocks read from the devices because a lookup needed them, not
+    /// ahead of it: what reading ahead spares shows here.
+    pub fn blocks_read(&self) -> u64 {
+        self.blocks_read.load(Ordering::Relaxed)
     }
 
     /// Node size of the filesystem.
@@ -137,21 +177,46 @@ impl TreeReader {
     /// Read the block `expect` describes; a copy that fails verification is
     /// skipped for the next one. Fails only if no copy is good.
     pub fn read_node(&self, expect: &Expect) -> Result<Arc<Node>> {
+        match self.cached_block(expect)? {
+            Some(node) => Ok(node),
+            None => self.read_from_disk(expect),
+        }
+    }
+
+    /// The block `expect` describes, if it is in memory. A cached block
+    /// that does not match the pointer is dropped, to be read again: an
+    /// address read ahead may have been rewritten since (its new block
+    /// evicted). A dirty one that does not match is an error.
+    fn cached_block(&self, expect: &Expect) -> Result<Option<Arc<Node>>> {
         let dirty = self
             .dirty
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(&expect.bytenr)
             .cloned();
-        if let Some(node) = dirty.or_else(|| self.cache.get(expect.bytenr)) {
+        if let Some(node) = dirty {
             node.check_expect(expect)
                 .map_err(|why| Error::BadTreeBlock {
                     logical: expect.bytenr,
                     why,
                 })?;
-            return Ok(node);
+            return Ok(Some(node));
         }
+        let Some(node) = self.cache.get(expect.bytenr) else {
+            return Ok(None);
+        };
+        if node.check_expect(expect).is_ok() {
+            return Ok(Some(node));
+        }
+        self.cache.remove_if(expect.bytenr, &node);
+        Ok(None)
+    }
+
+    /// Read the block `expect` describes from its copies, the first good
+    /// one cached.
+    fn read_from_disk(&self, expect: &Expect) -> Result<Arc<Node>> {
         let copies = self.volume.num_copies(expect.bytenr)?;
+        self.blocks_read.fetch_add(1, Ordering::Relaxed);
         let mut problems = Vec::new();
         for mirror in 0..copies {
             if !self.volume.copy_present(expect.bytenr, mirror) {
@@ -227,6 +292,20 @@ pub struct Tree<'a> {
     root: RootPtr,
 }
 
+/// Leaves read ahead after a leaf that was not in memory.
+const READ_AHEAD_LEAVES: usize = 8;
+
+/// What the block under pointer `slot` of internal `node` must be.
+fn child_expect(node: &Node, slot: usize) -> Expect {
+    let ptr = node.key_ptr(slot);
+    Expect {
+        bytenr: ptr.blockptr,
+        generation: Some(ptr.generation),
+        level: Some(node.level() - 1),
+        first_key: Some(ptr.key),
+    }
+}
+
 /// How to pick the slot in a node while descending.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Find {
@@ -252,13 +331,32 @@ impl<'a> Tree<'a> {
     }
 
     fn child(&self, node: &Node, slot: usize) -> Result<Arc<Node>> {
-        let ptr = node.key_ptr(slot);
-        self.reader.read_node(&Expect {
-            bytenr: ptr.blockptr,
-            generation: Some(ptr.generation),
-            level: Some(node.level() - 1),
-            first_key: Some(ptr.key),
-        })
+        let expect = child_expect(node, slot);
+        let reader = self.reader;
+        let Some(ahead) = reader.ahead.as_ref().filter(|_| node.level() == 1) else {
+            return reader.read_node(&expect);
+        };
+        // A leaf not in memory, or one read ahead and used now for the
+        // first time: the leaves after it are wanted next.
+        let ask = || {
+            let next = slot + 1..node.nritems().min(slot + 1 + READ_AHEAD_LEAVES);
+            ahead.ask(
+                next.map(|s| child_expect(node, s))
+                    .filter(|e| !reader.cache.contains(e.bytenr) && !reader.is_dirty(e.bytenr)),
+            );
+        };
+        match reader.cached_block(&expect)? {
+            Some(leaf) => {
+                if ahead.first_use(expect.bytenr) {
+                    ask();
+                }
+                Ok(leaf)
+            }
+            None => {
+                ask();
+                reader.read_from_disk(&expect)
+            }
+        }
     }
 
     /// Descend to the leaf for `key`, returning the path (root first) with

@@ -72,6 +72,11 @@ impl NodeCache {
         if inner.map.insert(bytenr, node).is_none() {
             inner.order.push_back(bytenr);
         }
+        self.evict(&mut inner);
+    }
+
+    /// Drop the oldest blocks until at most `capacity` are held.
+    fn evict(&self, inner: &mut Inner) {
         while inner.map.len() > self.capacity {
             match inner.order.pop_front() {
                 Some(old) => {
@@ -79,6 +84,34 @@ impl NodeCache {
                 }
                 None => break,
             }
+        }
+    }
+
+    /// Cache `node` at `bytenr` unless a block is cached there already:
+    /// a block read ahead must not replace one put there since the read
+    /// began (the address may have been rewritten meanwhile).
+    /// Whether it was cached.
+    pub fn insert_if_absent(&self, bytenr: u64, node: Arc<Node>) -> bool {
+        let mut inner = self.lock();
+        if inner.map.contains_key(&bytenr) {
+            return false;
+        }
+        inner.map.insert(bytenr, node);
+        inner.order.push_back(bytenr);
+        self.evict(&mut inner);
+        true
+    }
+
+    /// Whether a block is cached at `bytenr`.
+    pub fn contains(&self, bytenr: u64) -> bool {
+        self.lock().map.contains_key(&bytenr)
+    }
+
+    /// Forget the block at `bytenr` if it is still `node`.
+    pub fn remove_if(&self, bytenr: u64, node: &Arc<Node>) {
+        let mut inner = self.lock();
+        if inner.map.get(&bytenr).is_some_and(|n| Arc::ptr_eq(n, node)) {
+            inner.map.remove(&bytenr);
         }
     }
 

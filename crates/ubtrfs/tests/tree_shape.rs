@@ -98,15 +98,32 @@ fn a_walk_through_a_cold_tree_finds_the_next_leaves_read() {
     let (img, made) = image_with_files(dir.path());
     let ids: Vec<_> = made.iter().map(|st| st.id).collect();
     let fs = Filesystem::open(&[&img]).unwrap();
+    // A single lookup reads its leaf and nothing ahead (on a disk that
+    // seeks, leaves read for nothing cost a seek each): the inode a leaf
+    // later is read by its own lookup.
+    let reader = fs.tree_reader();
     fs.stat(ids[0]).unwrap();
     settle(&fs);
-    // The inodes after the first are in the leaves after its leaf, about
-    // 70 to a leaf; 8 leaves are read ahead, and each leaf used for the
-    // first time moves that window on. So, walked in steps of 450 inodes
+    let alone = reader.blocks_read();
+    fs.stat(ids[100]).unwrap();
+    settle(&fs);
+    assert_eq!(
+        reader.blocks_read() - alone,
+        1,
+        "a single lookup had leaves read ahead for it"
+    );
+    // A leaf read cold after the one before it is a walk in key order:
+    // from here on, leaves are read ahead.
+    for id in &ids[..150] {
+        fs.stat(*id).unwrap();
+    }
+    settle(&fs);
+    // The inodes after these are in the leaves that follow, about 70 to
+    // a leaf; 8 leaves are read ahead, and each leaf used for the first
+    // time moves that window on. So, walked in steps of 450 inodes
     // (less than the window), with the thread let finish in between,
     // the stats wait for no read. Without readahead each step reads 6 or 7.
-    let reader = fs.tree_reader();
-    for step in ids[1..].chunks(450).take(5) {
+    for step in ids[150..].chunks(450).take(5) {
         let before = reader.blocks_read();
         for id in step {
             fs.stat(*id).unwrap();

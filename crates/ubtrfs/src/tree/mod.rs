@@ -64,11 +64,11 @@ impl TreeReader {
         }
     }
 
-    /// Read leaves ahead of scans on a thread of its own: when a leaf is
-    /// not in memory, the leaves after it under the same parent are read
-    /// too, so a walk in key order (a listing, the lookups of one
-    /// directory's files) finds them in memory, as the kernel's forward
-    /// readahead does.
+    /// Read leaves ahead of scans on a thread of its own: when a leaf not
+    /// in memory follows the last one read, the leaves after it under the
+    /// same parent are read too, so a walk in key order (a listing, the
+    /// lookups of one directory's files) finds them in memory, as the
+    /// kernel's forward readahead does.
     pub fn with_read_ahead(mut self) -> Self {
         self.ahead = Some(ReadAhead::new(read_ahead::Target {
             volume: self.volume.clone(),
@@ -295,6 +295,15 @@ pub struct Tree<'a> {
 /// Leaves read ahead after a leaf that was not in memory.
 const READ_AHEAD_LEAVES: usize = 8;
 
+/// Whether blocks owned by `owner` belong to a subvolume's tree: the
+/// trees read in key order (listings, a directory's lookups). Only those
+/// are read ahead: the checksum tree is read beside a file's data, and
+/// leaves read ahead there cost a long read of data more than they save.
+fn is_subvolume_tree(owner: u64) -> bool {
+    use crate::format::consts::{FIRST_FREE_OBJECTID, FS_TREE_OBJECTID};
+    owner == FS_TREE_OBJECTID || (FIRST_FREE_OBJECTID..u64::MAX - 256).contains(&owner)
+}
+
 /// What the block under pointer `slot` of internal `node` must be.
 fn child_expect(node: &Node, slot: usize) -> Expect {
     let ptr = node.key_ptr(slot);
@@ -333,11 +342,16 @@ impl<'a> Tree<'a> {
     fn child(&self, node: &Node, slot: usize) -> Result<Arc<Node>> {
         let expect = child_expect(node, slot);
         let reader = self.reader;
-        let Some(ahead) = reader.ahead.as_ref().filter(|_| node.level() == 1) else {
+        let Some(ahead) = reader
+            .ahead
+            .as_ref()
+            .filter(|_| node.level() == 1 && is_subvolume_tree(node.header.owner))
+        else {
             return reader.read_node(&expect);
         };
-        // A leaf not in memory, or one read ahead and used now for the
-        // first time: the leaves after it are wanted next.
+        // A leaf read ahead and used now for the first time, or one not in
+        // memory that follows the last leaf read: a walk in key order
+        // wants the leaves after it next.
         let ask = || {
             let next = slot + 1..node.nritems().min(slot + 1 + READ_AHEAD_LEAVES);
             ahead.ask(
@@ -353,7 +367,9 @@ impl<'a> Tree<'a> {
                 Ok(leaf)
             }
             None => {
-                ask();
+                if ahead.cold_read(node.header.bytenr, slot) {
+                    ask();
+                }
                 reader.read_from_disk(&expect)
             }
         }

@@ -42,6 +42,9 @@ pub(super) struct ReadAhead {
     /// window on, so a scan that keeps finding its blocks read keeps
     /// having the next ones read.
     unused: Arc<Mutex<HashSet<u64>>>,
+    /// The last leaves read cold, as (parent address, slot): a cold read
+    /// of the slot after one of them is a walk in key order.
+    recent: Mutex<[(u64, usize); RECENT]>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -69,6 +72,7 @@ impl ReadAhead {
             tx: Mutex::new(thread.is_some().then_some(tx)),
             queued,
             unused,
+            recent: Mutex::new([(u64::MAX, 0); RECENT]),
             stop,
             thread,
         }
@@ -81,6 +85,19 @@ impl ReadAhead {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .is_empty()
+    }
+
+    /// Note a leaf read cold, the one under pointer `slot` of the node at
+    /// `parent`; whether it follows another leaf read cold (the slot before
+    /// under the same parent). A lookup here and there reads one leaf; a
+    /// walk in key order reads the next: only that is worth reading ahead
+    /// for (on a disk that seeks, leaves read for nothing cost a seek each).
+    pub fn cold_read(&self, parent: u64, slot: usize) -> bool {
+        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        let follows = slot > 0 && recent.contains(&(parent, slot - 1));
+        recent.rotate_right(1);
+        recent[0] = (parent, slot);
+        follows
     }
 
     /// Whether `bytenr` was read ahead and is used now for the first time.
@@ -126,6 +143,10 @@ struct Shared {
     stop: Arc<AtomicBool>,
 }
 
+/// Cold leaf reads remembered to tell walks in key order (a few walks may
+/// interleave: a directory's entries and its files' inodes).
+const RECENT: usize = 4;
+
 /// Blocks remembered as read ahead and unused, at most (a scan that
 /// stopped leaves them behind).
 const UNUSED_MAX: usize = 256;
@@ -162,7 +183,7 @@ fn read_one(t: &Target, e: &Expect) -> bool {
         return false;
     }
     let mut buf = vec![0u8; t.nodesize].into_boxed_slice();
-    if t.volume.read_copy(e.bytenr, 0, &mut buf).is_err() {
+    if t.volume.read_aside(e.bytenr, &mut buf).is_err() {
         return false;
     }
     let generation = t.super_generation.load(Ordering::Relaxed);

@@ -14,9 +14,6 @@ const LOCK_POLL: std::time::Duration = std::time::Duration::from_millis(10);
 #[derive(Debug)]
 pub struct FileDevice {
     file: File,
-    /// A second open of the same file for [`Device::read_aside`], made
-    /// at its first use (`None` if it could not be made).
-    aside: std::sync::OnceLock<Option<File>>,
     path: PathBuf,
     size: u64,
     counters: Counters,
@@ -97,7 +94,6 @@ impl FileDevice {
         };
         Ok(FileDevice {
             file,
-            aside: std::sync::OnceLock::new(),
             path: path.to_path_buf(),
             size,
             counters: Counters::default(),
@@ -145,34 +141,6 @@ impl Device for FileDevice {
         self.file
             .read_exact_at(buf, offset)
             .map_err(|e| self.io(e))?;
-        Counters::add(&self.counters.reads, 1);
-        Counters::add(&self.counters.read_bytes, buf.len() as u64);
-        Ok(())
-    }
-
-    fn read_aside(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let aside = self.aside.get_or_init(|| {
-            use std::os::fd::AsRawFd;
-            // The same file, opened anew through our descriptor (not by
-            // path, which may name another file by now): its own
-            // readahead state.
-            File::open(format!("/proc/self/fd/{}", self.file.as_raw_fd())).ok()
-        });
-        let Some(file) = aside else {
-            return self.read_at(offset, buf);
-        };
-        if offset
-            .checked_add(buf.len() as u64)
-            .is_none_or(|end| end > self.size)
-        {
-            return Err(Error::ShortRead {
-                path: self.path.clone(),
-                offset,
-                len: buf.len(),
-                size: self.size,
-            });
-        }
-        file.read_exact_at(buf, offset).map_err(|e| self.io(e))?;
         Counters::add(&self.counters.reads, 1);
         Counters::add(&self.counters.read_bytes, buf.len() as u64);
         Ok(())

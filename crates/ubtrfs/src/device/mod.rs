@@ -21,13 +21,6 @@ pub trait Device: Send + Sync {
     fn size(&self) -> u64;
     /// Read exactly `buf.len()` bytes at `offset`.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
-    /// [`Device::read_at`] for a reader beside the main ones (readahead):
-    /// through a descriptor of its own where the device has one, so that
-    /// the kernel's readahead for the main reads (a long file read in
-    /// order) does not take these for a change of pattern.
-    fn read_aside(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.read_at(offset, buf)
-    }
     /// Write all of `buf` at `offset` (volatile until [`Device::flush`]).
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()>;
     /// Make every completed write durable.

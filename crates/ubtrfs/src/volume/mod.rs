@@ -96,30 +96,6 @@ impl Volume {
         Ok(())
     }
 
-    /// Read `buf.len()` bytes at `logical` from the first copy, with
-    /// [`Device::read_aside`] (readahead). Striped-parity chunks are not
-    /// read this way: `Unmapped`.
-    pub fn read_aside(&self, logical: u64, buf: &mut [u8]) -> Result<()> {
-        let chunk = self.chunks.lookup(logical)?;
-        if matches!(chunk.profile, Profile::Raid5 | Profile::Raid6) {
-            return Err(Error::Unmapped(logical));
-        }
-        let mut done = 0usize;
-        while done < buf.len() {
-            let pos = logical + done as u64;
-            let piece = chunk.map(pos, buf.len() - done, 0)?;
-            let dev = self.devices.get(piece.devid).ok_or_else(|| {
-                Error::Devices(format!(
-                    "device {} holding logical {pos} is missing",
-                    piece.devid
-                ))
-            })?;
-            dev.read_aside(piece.physical, &mut buf[done..done + piece.len])?;
-            done += piece.len;
-        }
-        Ok(())
-    }
-
     /// Write `buf` at `logical` to every copy (to its stripe and the
     /// row's parity, in RAID5/6). The range must not cross a chunk boundary.
     pub fn write(&self, logical: u64, buf: &[u8]) -> Result<()> {

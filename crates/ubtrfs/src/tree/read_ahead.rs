@@ -143,9 +143,9 @@ struct Shared {
     stop: Arc<AtomicBool>,
 }
 
-/// Cold leaf reads remembered to tell walks in key order (a few walks may
-/// interleave: a directory's entries and its files' inodes).
-const RECENT: usize = 4;
+/// Cold leaf reads remembered to tell walks in key order (walks interleave:
+/// a directory's entries and its files' inodes, in each of several processes).
+const RECENT: usize = 16;
 
 /// Blocks remembered as read ahead and unused, at most (a scan that
 /// stopped leaves them behind).

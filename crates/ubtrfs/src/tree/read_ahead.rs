@@ -12,7 +12,7 @@ use crate::format::CsumType;
 use crate::format::node::{Expect, Node};
 use crate::volume::Volume;
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -42,6 +42,9 @@ pub(super) struct ReadAhead {
     /// window on, so a scan that keeps finding its blocks read keeps
     /// having the next ones read.
     unused: Arc<Mutex<HashSet<u64>>>,
+    /// How many `unused` holds (set under its lock): most lookups find it
+    /// zero and take no lock.
+    unused_len: Arc<AtomicUsize>,
     /// The last leaves read cold, as (parent address, slot): a cold read
     /// of the slot after one of them is a walk in key order.
     recent: Mutex<[(u64, usize); RECENT]>,
@@ -56,11 +59,13 @@ impl ReadAhead {
         let (tx, rx) = channel();
         let queued = Arc::new(Mutex::new(HashSet::new()));
         let unused = Arc::new(Mutex::new(HashSet::new()));
+        let unused_len = Arc::new(AtomicUsize::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let shared = Shared {
                 queued: queued.clone(),
                 unused: unused.clone(),
+                unused_len: unused_len.clone(),
                 stop: stop.clone(),
             };
             std::thread::Builder::new()
@@ -72,6 +77,7 @@ impl ReadAhead {
             tx: Mutex::new(thread.is_some().then_some(tx)),
             queued,
             unused,
+            unused_len,
             recent: Mutex::new([(u64::MAX, 0); RECENT]),
             stop,
             thread,
@@ -102,10 +108,13 @@ impl ReadAhead {
 
     /// Whether `bytenr` was read ahead and is used now for the first time.
     pub fn first_use(&self, bytenr: u64) -> bool {
-        self.unused
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&bytenr)
+        if self.unused_len.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let mut unused = self.unused.lock().unwrap_or_else(|e| e.into_inner());
+        let first = unused.remove(&bytenr);
+        self.unused_len.store(unused.len(), Ordering::Relaxed);
+        first
     }
 
     /// Read these blocks soon (those already queued are skipped).
@@ -140,6 +149,7 @@ impl Drop for ReadAhead {
 struct Shared {
     queued: Arc<Mutex<HashSet<u64>>>,
     unused: Arc<Mutex<HashSet<u64>>>,
+    unused_len: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
 }
 
@@ -162,6 +172,7 @@ fn work(rx: Receiver<Expect>, t: Target, s: Shared) {
                 unused.clear();
             }
             unused.insert(e.bytenr);
+            s.unused_len.store(unused.len(), Ordering::Relaxed);
         }
         s.queued
             .lock()

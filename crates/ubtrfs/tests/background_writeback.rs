@@ -274,6 +274,63 @@ fn an_fsync_does_not_wait_behind_another_files_stream() {
     );
 }
 
+/// A server throttles each write before taking the change lock. The
+/// stream that made the backlog waits for the device; a small write to a
+/// file with nothing dirty (the one an fsync sends first) does not.
+#[test]
+fn a_small_write_beside_a_stream_is_not_throttled_for_it() {
+    let dir = testkit::TestDir::new("bg-writeback-throttle").unwrap();
+    let img = mkfs(dir.path());
+    let dev = Gated::new(&img);
+    let fs = Arc::new(open(&dev));
+    let _gate = OpenOnDrop(Arc::clone(&dev));
+    let small = fs.create(fs.root(), b"small", FILE).unwrap().id;
+    let big = fs.create(fs.root(), b"big", FILE).unwrap().id;
+    fs.commit().unwrap();
+
+    dev.set_open(false);
+    let data = testkit::xorshift_bytes(5, 96 << 20);
+    let (fs2, d2) = (Arc::clone(&fs), data.clone());
+    within("a streaming write", move || stream(&fs2, big, &d2)).unwrap();
+    assert!(
+        fs.writes_must_wait(),
+        "the stream left no backlog to throttle for"
+    );
+    let fs2 = Arc::clone(&fs);
+    within("a small write's throttle", move || {
+        fs2.throttle_writes(small, 4096)
+    });
+
+    // The stream's next write, large or small, waits for the gate.
+    let mut waiting = Vec::new();
+    for len in [1 << 20, 4096] {
+        let (tx, rx) = mpsc::channel();
+        let fs2 = Arc::clone(&fs);
+        std::thread::spawn(move || {
+            fs2.throttle_writes(big, len);
+            let _ = tx.send(());
+        });
+        waiting.push((len, rx));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    for (len, rx) in &waiting {
+        assert!(
+            rx.try_recv().is_err(),
+            "a {len}-byte write to the streaming file was not throttled"
+        );
+    }
+    dev.set_open(true);
+    for (len, rx) in waiting {
+        rx.recv_timeout(PATIENCE)
+            .unwrap_or_else(|_| panic!("a {len}-byte write stayed throttled with the gate open"));
+    }
+    fs.write(small, 0, b"beside").unwrap();
+    fs.commit().unwrap();
+    drop(fs);
+    std::fs::write(&img, dev.inner.snapshot()).unwrap();
+    check(&img);
+}
+
 #[test]
 fn a_failed_background_write_fails_the_commit_and_keeps_the_last_one() {
     let dir = testkit::TestDir::new("bg-writeback-fail").unwrap();

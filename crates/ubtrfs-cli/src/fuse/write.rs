@@ -364,7 +364,7 @@ impl WriteCtx {
         let id = super::from_fuse(self.root, ino);
         // Wait for the device here, not inside the lock every other
         // change needs.
-        self.served.fs_unlocked().throttle_writes();
+        self.served.fs_unlocked().throttle_writes(id, data.len());
         let done = self.served.write(|fs| {
             // The common case in one change of the inode: the kernel keeps
             // a regular file's times under the writeback cache.

@@ -322,6 +322,11 @@ impl CompressJobs {
         v
     }
 
+    /// Whether any job holds data of `id`.
+    pub fn has(&self, id: InodeId) -> bool {
+        self.shared.lock().jobs.iter().any(|j| j.id == id)
+    }
+
     /// Whether at most `limit` bytes are being compressed.
     pub fn has_room(&self, limit: u64) -> bool {
         self.shared.lock().compressing <= limit

@@ -39,6 +39,13 @@ const IN_FLIGHT_HARD_LIMIT: u64 = 512 << 20;
 /// past the hard limit.
 const COMPRESSING_LIMIT: u64 = 32 << 20;
 const COMPRESSING_HARD_LIMIT: u64 = 256 << 20;
+/// A write shorter than this, to a file with no dirty data of its own
+/// anywhere, waits only for a backlog this many times the usual limits:
+/// one small write (the one an fsync sends first) is not part of the
+/// stream that made the backlog, and waiting for that stream is most of
+/// such an fsync's time.
+const SMALL_WRITE: usize = 64 << 10;
+const SMALL_WRITE_SLACK: u64 = 4;
 /// Most dirty data one compression job takes.
 pub(crate) const COMPRESS_JOB: u64 = 16 << 20;
 /// Most data chunks one write may add.
@@ -170,12 +177,21 @@ impl Filesystem {
     }
 
     /// Wait, holding nothing, while the writeback thread has more than its
-    /// share of data queued. A server calls it before it takes its own
-    /// lock for a write, so a stream of writes is slowed to the device's
-    /// pace without holding up everybody else.
-    pub fn throttle_writes(&self) {
-        self.in_flight.wait_for_room(IN_FLIGHT_LIMIT);
-        self.compress_jobs.wait_for_room(COMPRESSING_LIMIT);
+    /// share of data queued, before a write of `len` bytes to file `id`. A
+    /// server calls it before it takes its own lock for a write, so a
+    /// stream of writes is slowed to the device's pace without holding up
+    /// everybody else. A small write to a file with nothing dirty, queued
+    /// or compressing waits only for a far larger backlog: like the
+    /// kernel's dirty throttling, the writer that makes the backlog pays
+    /// for it, not the one beside it.
+    pub fn throttle_writes(&self, id: InodeId, len: usize) {
+        let bystander = len < SMALL_WRITE
+            && !self.delalloc().has(id)
+            && !self.in_flight.has(id)
+            && !self.compress_jobs.has(id);
+        let slack = if bystander { SMALL_WRITE_SLACK } else { 1 };
+        self.in_flight.wait_for_room(IN_FLIGHT_LIMIT * slack);
+        self.compress_jobs.wait_for_room(COMPRESSING_LIMIT * slack);
     }
 
     /// Whether [`Filesystem::throttle_writes`] would wait now. A server

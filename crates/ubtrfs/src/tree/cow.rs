@@ -28,6 +28,16 @@ enum Split {
     FillLeft,
 }
 
+/// What replaces a block an edit changed, in its parent.
+enum Repl {
+    /// These blocks, written.
+    Ptrs(Vec<KeyPtr>),
+    /// A leaf (the block it replaces, and its items) grown past one block
+    /// by inserts in its middle, not written yet: the parent may share
+    /// the items with a neighbour rather than cut them in halves.
+    Overfull(Arc<Node>, Items),
+}
+
 /// Leaf items as the edit closure of [`TreeEditor::edit`] sees them, in key order.
 pub type Items = Vec<(Key, Vec<u8>)>;
 
@@ -291,6 +301,10 @@ pub struct TreeEditor<'a> {
     path: [(u64, CowPlan); MAX_LEVEL as usize + 2],
 }
 
+/// A leaf grown past its block shares its items with a neighbour when
+/// the two fill at most this fraction of two blocks.
+const SHARE_BELOW: (usize, usize) = (15, 16);
+
 /// Blocks smaller than this fraction of the node's capacity try to merge.
 const MERGE_BELOW_QUARTERS: usize = 1;
 
@@ -350,8 +364,12 @@ impl<'a> TreeEditor<'a> {
         self.path = Default::default();
         self.set_plan(&node, CowPlan::default());
         let (ptrs, r) = self.edit_node(node, key, f, true)?;
-        let Some(mut ptrs) = ptrs else {
-            return Ok(r);
+        let mut ptrs = match ptrs {
+            None => return Ok(r),
+            Some(Repl::Ptrs(p)) => p,
+            Some(Repl::Overfull(old, items)) => {
+                self.write_split(Some(&old), 0, Body::Leaf(items), Split::Middle)?
+            }
         };
         // Grow: several blocks at the top become children of a new root.
         let mut level = root.level;
@@ -432,7 +450,7 @@ impl<'a> TreeEditor<'a> {
         key: &Key,
         f: impl FnOnce(&mut Leaf) -> Result<R>,
         is_root: bool,
-    ) -> Result<(Option<Vec<KeyPtr>>, R)> {
+    ) -> Result<(Option<Repl>, R)> {
         if node.is_leaf() {
             // A block this transaction wrote is changed in place: out of
             // the dirty map, the edit holds its only reference (unless a
@@ -486,9 +504,9 @@ impl<'a> TreeEditor<'a> {
             if let Some(block) = leaf.block {
                 if block.nritems() == 0 && !is_root {
                     self.free(&node)?;
-                    return Ok((Some(Vec::new()), r));
+                    return Ok((Some(Repl::Ptrs(Vec::new())), r));
                 }
-                return Ok((Some(vec![self.place(&node, block)?]), r));
+                return Ok((Some(Repl::Ptrs(vec![self.place(&node, block)?])), r));
             }
             let items = leaf.items;
             for w in items.windows(2) {
@@ -507,7 +525,11 @@ impl<'a> TreeEditor<'a> {
             }
             if items.is_empty() && !is_root {
                 self.free(&node)?;
-                return Ok((Some(Vec::new()), r));
+                return Ok((Some(Repl::Ptrs(Vec::new())), r));
+            }
+            let used: usize = items.iter().map(|(_, d)| ITEM_SIZE + d.len()).sum();
+            if !leaf.appended && !is_root && used > self.capacity() {
+                return Ok((Some(Repl::Overfull(node, items)), r));
             }
             let how = if leaf.appended {
                 Split::FillLeft
@@ -515,7 +537,12 @@ impl<'a> TreeEditor<'a> {
                 Split::Middle
             };
             return Ok((
-                Some(self.write_split(Some(&node), 0, Body::Leaf(items), how)?),
+                Some(Repl::Ptrs(self.write_split(
+                    Some(&node),
+                    0,
+                    Body::Leaf(items),
+                    how,
+                )?)),
                 r,
             ));
         }
@@ -525,8 +552,15 @@ impl<'a> TreeEditor<'a> {
         let plan = self.plan(&child, self.plan_of_level(node.level()).shared)?;
         self.set_plan(&child, plan);
         let (repl, r) = self.edit_node(child, key, f, false)?;
-        let Some(repl) = repl else {
-            return Ok((None, r));
+        let repl = match repl {
+            None => return Ok((None, r)),
+            Some(Repl::Ptrs(p)) => p,
+            Some(Repl::Overfull(old, items)) => match self
+                .share_with_neighbour(&node, slot, &old, items)?
+            {
+                Ok(ptrs) => return Ok((Some(Repl::Ptrs(ptrs)), r)),
+                Err(items) => self.write_split(Some(&old), 0, Body::Leaf(items), Split::Middle)?,
+            },
         };
         let single = repl.len() == 1;
         let merge = single && self.merge_partner(&node, slot, &repl[0])?.is_some();
@@ -544,11 +578,11 @@ impl<'a> TreeEditor<'a> {
                     let changed = Arc::make_mut(&mut new).replace_ptrs(slot, &repl);
                     let ptr = self.put_back(new);
                     changed?;
-                    return Ok((Some(vec![ptr]), r));
+                    return Ok((Some(Repl::Ptrs(vec![ptr])), r));
                 }
                 let mut new = node.clone();
                 Arc::make_mut(&mut new).replace_ptrs(slot, &repl)?;
-                return Ok((Some(vec![self.place(&node, new)?]), r));
+                return Ok((Some(Repl::Ptrs(vec![self.place(&node, new)?])), r));
             }
         }
         let Body::Internal(mut ptrs) = node.body() else {
@@ -566,17 +600,131 @@ impl<'a> TreeEditor<'a> {
         }
         if ptrs.is_empty() && !is_root {
             self.free(&node)?;
-            return Ok((Some(Vec::new()), r));
+            return Ok((Some(Repl::Ptrs(Vec::new())), r));
         }
         if ptrs.is_empty() {
             // The whole tree emptied: the root becomes an empty leaf.
             self.free(&node)?;
-            return Ok((Some(self.write_blocks(None, 0, Body::Leaf(Vec::new()))?), r));
+            return Ok((
+                Some(Repl::Ptrs(self.write_blocks(
+                    None,
+                    0,
+                    Body::Leaf(Vec::new()),
+                )?)),
+                r,
+            ));
         }
         Ok((
-            Some(self.write_split(Some(&node), node.level(), Body::Internal(ptrs), how)?),
+            Some(Repl::Ptrs(self.write_split(
+                Some(&node),
+                node.level(),
+                Body::Internal(ptrs),
+                how,
+            )?)),
             r,
         ))
+    }
+
+    /// A leaf under `parent` at `slot`, replacing `old`, grew to `items`,
+    /// more than a block holds, by inserts in its middle. If a neighbour
+    /// under the same parent has room, the two share the items in two
+    /// blocks, as the kernel pushes items into a neighbour before it
+    /// splits: halves alone leave leaves of hashed keys (directory
+    /// entries) about two-thirds full. Returns the pointers replacing
+    /// `parent`, or the items back if no neighbour has room.
+    fn share_with_neighbour(
+        &mut self,
+        parent: &Node,
+        slot: usize,
+        old: &Node,
+        items: Items,
+    ) -> Result<std::result::Result<Vec<KeyPtr>, Items>> {
+        let cap = self.capacity();
+        let used: usize = items.iter().map(|(_, d)| ITEM_SIZE + d.len()).sum();
+        // The first neighbour with room, the left one first (one read where
+        // it has room). One that cannot be read or copied is passed over:
+        // the leaf is then cut as before, so sharing fails no edit.
+        let mut found = None;
+        for other in [slot.wrapping_sub(1), slot + 1] {
+            if other >= parent.nritems() {
+                continue;
+            }
+            let Ok(sibling) = self.child(parent, other) else {
+                continue;
+            };
+            // Both blocks keep room for a few more inserts afterwards.
+            if (sibling.used() + used) * SHARE_BELOW.1 > 2 * cap * SHARE_BELOW.0 {
+                continue;
+            }
+            if self.plan_of(&sibling).is_err() {
+                continue;
+            }
+            found = Some((other, sibling));
+            break;
+        }
+        let Some((other, sibling)) = found else {
+            return Ok(Err(items));
+        };
+        let Body::Leaf(theirs) = sibling.body() else {
+            return Ok(Err(items));
+        };
+        let left = other < slot;
+        // Keys stay in order where the two lists join.
+        let ordered = if left {
+            matches!((theirs.last(), items.first()), (Some(t), Some(o)) if t.0 < o.0)
+        } else {
+            matches!((items.last(), theirs.first()), (Some(o), Some(t)) if o.0 < t.0)
+        };
+        if !ordered {
+            return Ok(Err(items));
+        }
+        let theirs_len = theirs.len();
+        let joined = if left {
+            let mut all = theirs;
+            all.extend(items);
+            all
+        } else {
+            let mut all = items;
+            all.extend(theirs);
+            all
+        };
+        let pieces = self.split(Body::Leaf(joined), Split::Middle);
+        if pieces.len() != 2 {
+            // Large items cut unevenly: three blocks where a split alone
+            // leaves two. Give the leaf's own items back.
+            let mut all: Items = pieces
+                .into_iter()
+                .flat_map(|p| match p {
+                    Body::Leaf(v) => v,
+                    Body::Internal(_) => Vec::new(),
+                })
+                .collect();
+            let items = if left {
+                all.split_off(theirs_len)
+            } else {
+                all.truncate(all.len() - theirs_len);
+                all
+            };
+            return Ok(Err(items));
+        }
+        let (first, second) = if left {
+            (&*sibling, old)
+        } else {
+            (old, &*sibling)
+        };
+        self.free(second)?;
+        let out = self.write_pieces(Some(first), 0, pieces)?;
+        let Body::Internal(mut ptrs) = parent.body() else {
+            return Err(Error::corrupt("node without pointers"));
+        };
+        let lo = other.min(slot);
+        ptrs.splice(lo..=lo + 1, out);
+        Ok(Ok(self.write_split(
+            Some(parent),
+            parent.level(),
+            Body::Internal(ptrs),
+            Split::Middle,
+        )?))
     }
 
     /// Put `new`, an edited copy of `old`, in the tree: at `old`'s address
@@ -759,6 +907,16 @@ impl<'a> TreeEditor<'a> {
         how: Split,
     ) -> Result<Vec<KeyPtr>> {
         let pieces = self.split(body, how);
+        self.write_pieces(old, level, pieces)
+    }
+
+    /// Write `pieces`, each fitting a block, the first in place of `old`.
+    fn write_pieces(
+        &mut self,
+        old: Option<&Node>,
+        level: u8,
+        pieces: Vec<Body>,
+    ) -> Result<Vec<KeyPtr>> {
         let mut out = Vec::with_capacity(pieces.len());
         let transid = self.blocks.transid();
         for (i, piece) in pieces.into_iter().enumerate() {
@@ -1133,8 +1291,10 @@ mod tests {
             assert!(least > 0.95, "a level-{level} block is {least:.2} full");
         }
 
-        // In random order the cut stays in the middle: no block is left
-        // nearly empty behind a full one by inserts between its keys.
+        // In random order the cut stays in the middle (no block is left
+        // nearly empty behind a full one by inserts between its keys), and
+        // an overfull leaf shares its items with a neighbour that has room
+        // before it splits: about 0.81 full (0.68 with halves alone).
         let r = reader(4096);
         let mut blocks = Blocks::new(4096);
         let mut root = empty_tree(&r, &mut blocks);
@@ -1151,7 +1311,7 @@ mod tests {
         let f = fill(&r, root, 0);
         let used = f.iter().sum::<f64>() / f.len() as f64;
         assert!(
-            (0.6..0.9).contains(&used),
+            (0.75..0.95).contains(&used),
             "random inserts: leaves {used:.2} full"
         );
     }

@@ -362,12 +362,13 @@ impl<'a> Tree<'a> {
         match reader.cached_block(&expect)? {
             Some(leaf) => {
                 if ahead.first_use(expect.bytenr) {
+                    ahead.used_ahead(node, slot);
                     ask();
                 }
                 Ok(leaf)
             }
             None => {
-                if ahead.cold_read(node.header.bytenr, slot) {
+                if ahead.cold_read(node, slot) {
                     ask();
                 }
                 reader.read_from_disk(&expect)

@@ -9,6 +9,7 @@
 
 use super::node_cache::{AddrMap, NodeCache};
 use crate::format::CsumType;
+use crate::format::key::Key;
 use crate::format::node::{Expect, Node};
 use crate::volume::Volume;
 use std::collections::HashSet;
@@ -45,9 +46,9 @@ pub(super) struct ReadAhead {
     /// How many `unused` holds (set under its lock): most lookups find it
     /// zero and take no lock.
     unused_len: Arc<AtomicUsize>,
-    /// The last leaves read cold, as (parent address, slot): a cold read
-    /// of the slot after one of them is a walk in key order.
-    recent: Mutex<[(u64, usize); RECENT]>,
+    /// The last leaves read cold, or read ahead and used: a cold read of
+    /// the leaf after one of them is a walk in key order.
+    recent: Mutex<[ColdRead; RECENT]>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -78,7 +79,7 @@ impl ReadAhead {
             queued,
             unused,
             unused_len,
-            recent: Mutex::new([(u64::MAX, 0); RECENT]),
+            recent: Mutex::new([ColdRead::NONE; RECENT]),
             stop,
             thread,
         }
@@ -93,16 +94,44 @@ impl ReadAhead {
             .is_empty()
     }
 
-    /// Note a leaf read cold, the one under pointer `slot` of the node at
-    /// `parent`; whether it follows another leaf read cold (the slot before
-    /// under the same parent). A lookup here and there reads one leaf; a
-    /// walk in key order reads the next: only that is worth reading ahead
-    /// for (on a disk that seeks, leaves read for nothing cost a seek each).
-    pub fn cold_read(&self, parent: u64, slot: usize) -> bool {
+    /// Note a leaf read cold: the one under pointer `slot` of `parent`.
+    /// Returns whether it follows another leaf read cold: the slot before
+    /// under the same parent or, for the first slot, the last slot of
+    /// another parent whose keys all come before this one's (a walk
+    /// crossing into the next parent). A lookup here and there reads one
+    /// leaf; a walk in key order reads the next: only that is worth
+    /// reading ahead for (on a disk that seeks, leaves read for nothing
+    /// cost a seek each).
+    pub fn cold_read(&self, parent: &Node, slot: usize) -> bool {
+        self.walked(parent, slot)
+    }
+
+    /// Note that a leaf read ahead, under pointer `slot` of `parent`, is
+    /// used for the first time: a walk reached it, and the cold read of
+    /// the first leaf under the next parent follows it.
+    pub fn used_ahead(&self, parent: &Node, slot: usize) {
+        self.walked(parent, slot);
+    }
+
+    /// Remember a leaf a walk may have reached; whether it follows one
+    /// remembered before.
+    fn walked(&self, parent: &Node, slot: usize) -> bool {
+        let here = ColdRead {
+            parent: parent.header.bytenr,
+            slot,
+            last: slot + 1 == parent.nritems(),
+            key: parent.key(slot),
+        };
         let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
-        let follows = slot > 0 && recent.contains(&(parent, slot - 1));
+        let follows = recent.iter().any(|r| {
+            if slot > 0 {
+                r.parent == here.parent && r.slot + 1 == slot
+            } else {
+                r.last && r.parent != here.parent && r.key < here.key
+            }
+        });
         recent.rotate_right(1);
-        recent[0] = (parent, slot);
+        recent[0] = here;
         follows
     }
 
@@ -151,6 +180,27 @@ struct Shared {
     unused: Arc<Mutex<HashSet<u64>>>,
     unused_len: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
+}
+
+/// A leaf read cold or used first after being read ahead: under which
+/// pointer of which parent.
+#[derive(Clone, Copy)]
+struct ColdRead {
+    parent: u64,
+    slot: usize,
+    /// The parent's last pointer.
+    last: bool,
+    /// The pointer's key (the leaf's first).
+    key: Key,
+}
+
+impl ColdRead {
+    const NONE: ColdRead = ColdRead {
+        parent: u64::MAX,
+        slot: usize::MAX,
+        last: false,
+        key: Key::new(0, 0, 0),
+    };
 }
 
 /// Cold leaf reads remembered to tell walks in key order (walks interleave:

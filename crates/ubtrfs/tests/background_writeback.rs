@@ -285,6 +285,7 @@ fn a_small_write_beside_a_stream_is_not_throttled_for_it() {
     let fs = Arc::new(open(&dev));
     let _gate = OpenOnDrop(Arc::clone(&dev));
     let small = fs.create(fs.root(), b"small", FILE).unwrap().id;
+    let dirty = fs.create(fs.root(), b"dirty", FILE).unwrap().id;
     let big = fs.create(fs.root(), b"big", FILE).unwrap().id;
     fs.commit().unwrap();
 
@@ -301,28 +302,42 @@ fn a_small_write_beside_a_stream_is_not_throttled_for_it() {
         fs2.throttle_writes(small, 4096)
     });
 
-    // The stream's next write, large or small, waits for the gate.
+    // Small writes beside the stream have a budget: 4 MiB of them go past
+    // the full backlog, then they wait like any other.
+    let fs2 = Arc::clone(&fs);
+    within("small writes within their budget", move || {
+        for _ in 1..(4 << 20) / 4096 {
+            fs2.throttle_writes(small, 4096);
+        }
+    });
+
+    // The stream's next write, large or small, waits for the gate; so does
+    // a small write to a file with dirty data of its own, and one past
+    // the budget.
+    fs.write(dirty, 0, &[1; 4096]).unwrap();
     let mut waiting = Vec::new();
-    for len in [1 << 20, 4096] {
+    for (what, id, len) in [
+        ("a 1 MiB write to the streaming file", big, 1 << 20),
+        ("a 4 KiB write to the streaming file", big, 4096),
+        ("a 4 KiB write to a dirty file", dirty, 4096),
+        ("a 4 KiB write past the budget", small, 4096),
+    ] {
         let (tx, rx) = mpsc::channel();
         let fs2 = Arc::clone(&fs);
         std::thread::spawn(move || {
-            fs2.throttle_writes(big, len);
+            fs2.throttle_writes(id, len);
             let _ = tx.send(());
         });
-        waiting.push((len, rx));
+        waiting.push((what, rx));
     }
     std::thread::sleep(Duration::from_millis(300));
-    for (len, rx) in &waiting {
-        assert!(
-            rx.try_recv().is_err(),
-            "a {len}-byte write to the streaming file was not throttled"
-        );
+    for (what, rx) in &waiting {
+        assert!(rx.try_recv().is_err(), "{what} was not throttled");
     }
     dev.set_open(true);
-    for (len, rx) in waiting {
+    for (what, rx) in waiting {
         rx.recv_timeout(PATIENCE)
-            .unwrap_or_else(|_| panic!("a {len}-byte write stayed throttled with the gate open"));
+            .unwrap_or_else(|_| panic!("{what} stayed throttled with the gate open"));
     }
     fs.write(small, 0, b"beside").unwrap();
     fs.commit().unwrap();

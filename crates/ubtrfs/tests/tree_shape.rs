@@ -191,9 +191,10 @@ fn a_walk_through_a_cold_tree_finds_the_next_leaves_read() {
     }
 }
 
-/// The objectid of the first key under each level-1 node of the default
-/// subvolume's tree, as `btrfs inspect-internal dump-tree` prints them.
-fn level_one_first_objectids(img: &Path) -> Vec<u64> {
+/// The first key under each level-1 node of the default subvolume's
+/// tree, as `btrfs inspect-internal dump-tree` prints them: objectid and
+/// whether the item is an inode item.
+fn level_one_first_keys(img: &Path) -> Vec<(u64, bool)> {
     let out = testkit::output_of(
         Command::new("btrfs")
             .args(["inspect-internal", "dump-tree", "-t", "5"])
@@ -208,8 +209,13 @@ fn level_one_first_objectids(img: &Path) -> Vec<u64> {
         if line.starts_with("node ") && line.contains(" level ") {
             in_level_one = line.contains(" level 1 ");
         } else if in_level_one && let Some(rest) = line.trim_start().strip_prefix("key (") {
-            let obj = rest.split_whitespace().next().unwrap_or_default();
-            firsts.push(obj.parse().expect("an objectid in a pointer key"));
+            let mut words = rest.split_whitespace();
+            let obj = words.next().unwrap_or_default();
+            let inode_item = words.next() == Some("INODE_ITEM");
+            firsts.push((
+                obj.parse().expect("an objectid in a pointer key"),
+                inode_item,
+            ));
             in_level_one = false;
         }
     }
@@ -239,10 +245,14 @@ fn a_walk_crossing_into_the_next_parent_reads_one_leaf_itself() {
     fs.commit().unwrap();
     drop(fs);
     let (from, to) = (ids[100].ino, ids[ids.len() - 1].ino);
-    // Parents the walk below enters after its start.
-    let crossings = level_one_first_objectids(&img)
+    // Parents the walk below enters after its start: those whose first
+    // key comes after the inode item of `from` and not after that of
+    // `to` (an inode item is the first item of its inode).
+    let crossings = level_one_first_keys(&img)
         .into_iter()
-        .filter(|&obj| obj > from && obj <= to)
+        .filter(|&(obj, inode_item)| {
+            (obj > from || obj == from && !inode_item) && (obj < to || obj == to && inode_item)
+        })
         .count();
     assert!(crossings >= 2, "the inodes span {crossings} parents");
 

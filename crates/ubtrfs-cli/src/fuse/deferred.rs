@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 
 /// Writes at least this long wait here when there is no room; shorter
 /// ones (a page an fsync flushes) are written at once.
-pub(super) const DEFER_MIN: usize = 64 << 10;
+pub(super) const DEFER_MIN: usize = ubtrfs::data::write::SMALL_WRITE;
 
 /// A write handed over, with its reply.
 pub(super) struct Job {

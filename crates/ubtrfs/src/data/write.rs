@@ -40,12 +40,15 @@ const IN_FLIGHT_HARD_LIMIT: u64 = 512 << 20;
 const COMPRESSING_LIMIT: u64 = 32 << 20;
 const COMPRESSING_HARD_LIMIT: u64 = 256 << 20;
 /// A write shorter than this, to a file with no dirty data of its own
-/// anywhere, waits only for a backlog this many times the usual limits:
-/// one small write (the one an fsync sends first) is not part of the
-/// stream that made the backlog, and waiting for that stream is most of
-/// such an fsync's time.
-const SMALL_WRITE: usize = 64 << 10;
+/// anywhere, is let past a full backlog (up to [`SMALL_WRITE_SLACK`]
+/// times it): one small write (the page an fsync sends first) is not part
+/// of the stream that made the backlog, and waiting for that stream was
+/// most of such an fsync's time.
+pub const SMALL_WRITE: usize = 64 << 10;
 const SMALL_WRITE_SLACK: u64 = 4;
+/// Bytes of such writes let past a full backlog before they wait like any
+/// other: many small files written at once are a stream of their own.
+const SMALL_WRITE_BUDGET: u64 = 4 << 20;
 /// Most dirty data one compression job takes.
 pub(crate) const COMPRESS_JOB: u64 = 16 << 20;
 /// Most data chunks one write may add.
@@ -181,17 +184,33 @@ impl Filesystem {
     /// server calls it before it takes its own lock for a write, so a
     /// stream of writes is slowed to the device's pace without holding up
     /// everybody else. A small write to a file with nothing dirty, queued
-    /// or compressing waits only for a far larger backlog: like the
-    /// kernel's dirty throttling, the writer that makes the backlog pays
-    /// for it, not the one beside it.
+    /// or compressing waits only for a far larger backlog, up to a budget
+    /// of such writes: like the kernel's dirty throttling, the writer that
+    /// makes the backlog pays for it, not the one beside it.
     pub fn throttle_writes(&self, id: InodeId, len: usize) {
+        use std::sync::atomic::Ordering;
+        if self.in_flight.has_room(IN_FLIGHT_LIMIT)
+            && self.compress_jobs.has_room(COMPRESSING_LIMIT)
+        {
+            self.small_write_slack.store(0, Ordering::Relaxed);
+            return;
+        }
         let bystander = len < SMALL_WRITE
             && !self.delalloc().has(id)
             && !self.in_flight.has(id)
-            && !self.compress_jobs.has(id);
+            && !self.compress_jobs.has(id)
+            && self
+                .small_write_slack
+                .fetch_add(len as u64, Ordering::Relaxed)
+                .saturating_add(len as u64)
+                <= SMALL_WRITE_BUDGET;
         let slack = if bystander { SMALL_WRITE_SLACK } else { 1 };
         self.in_flight.wait_for_room(IN_FLIGHT_LIMIT * slack);
         self.compress_jobs.wait_for_room(COMPRESSING_LIMIT * slack);
+        if !bystander {
+            // Room again: the next small writes have their budget back.
+            self.small_write_slack.store(0, Ordering::Relaxed);
+        }
     }
 
     /// Whether [`Filesystem::throttle_writes`] would wait now. A server

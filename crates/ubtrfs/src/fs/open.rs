@@ -60,6 +60,9 @@ pub struct Filesystem {
     pub(crate) in_flight: crate::data::in_flight::InFlight,
     /// Dirty data being compressed off the change lock.
     pub(crate) compress_jobs: crate::data::compress_jobs::CompressJobs,
+    /// Bytes of small writes let past a full backlog since a write last
+    /// found room ([`Filesystem::throttle_writes`]).
+    pub(crate) small_write_slack: std::sync::atomic::AtomicU64,
     /// When the filesystem was opened (times of synthesized inodes).
     pub(crate) opened_at: crate::format::items::Timespec,
     /// Held by an fsync from its log's writing until it is durable: one
@@ -160,6 +163,7 @@ impl Filesystem {
             delalloc: std::sync::Mutex::new(Default::default()),
             in_flight: Default::default(),
             compress_jobs: Default::default(),
+            small_write_slack: Default::default(),
             open_inodes: std::sync::Mutex::new(OpenInodes::default()),
             log_sync: std::sync::Mutex::new(()),
             supers_on_disk: std::sync::Mutex::new(on_disk),

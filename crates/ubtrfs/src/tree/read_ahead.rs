@@ -110,7 +110,12 @@ impl ReadAhead {
     /// used for the first time: a walk reached it, and the cold read of
     /// the first leaf under the next parent follows it.
     pub fn used_ahead(&self, parent: &Node, slot: usize) {
-        self.walked(parent, slot);
+        // Only a last slot can be followed by a cold read (the first slot
+        // under the next parent): others would push slower walks' cold
+        // reads out of the ring.
+        if slot + 1 == parent.nritems() {
+            self.walked(parent, slot);
+        }
     }
 
     /// Remember a leaf a walk may have reached; whether it follows one
@@ -118,6 +123,7 @@ impl ReadAhead {
     fn walked(&self, parent: &Node, slot: usize) -> bool {
         let here = ColdRead {
             parent: parent.header.bytenr,
+            owner: parent.header.owner,
             slot,
             last: slot + 1 == parent.nritems(),
             key: parent.key(slot),
@@ -125,9 +131,9 @@ impl ReadAhead {
         let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
         let follows = recent.iter().any(|r| {
             if slot > 0 {
-                r.parent == here.parent && r.slot + 1 == slot
+                r.parent == here.parent && r.slot.checked_add(1) == Some(slot)
             } else {
-                r.last && r.parent != here.parent && r.key < here.key
+                r.last && r.owner == here.owner && r.parent != here.parent && r.key < here.key
             }
         });
         recent.rotate_right(1);
@@ -187,6 +193,8 @@ struct Shared {
 #[derive(Clone, Copy)]
 struct ColdRead {
     parent: u64,
+    /// The tree (subvolumes' trees share the ring).
+    owner: u64,
     slot: usize,
     /// The parent's last pointer.
     last: bool,
@@ -197,6 +205,7 @@ struct ColdRead {
 impl ColdRead {
     const NONE: ColdRead = ColdRead {
         parent: u64::MAX,
+        owner: 0,
         slot: usize::MAX,
         last: false,
         key: Key::new(0, 0, 0),

@@ -15,7 +15,7 @@ use super::csum_pool::CsumSpec;
 use crate::fs::InodeId;
 use crate::volume::Volume;
 use crate::{Error, Result};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -41,6 +41,9 @@ struct Entry {
 struct State {
     /// By logical address.
     extents: BTreeMap<u64, Entry>,
+    /// How many of `extents` each file owns (a write asks for its file's
+    /// on every call: a lookup, not a scan).
+    owners: HashMap<InodeId, usize>,
     /// Extents not yet taken by the thread, oldest first.
     queue: VecDeque<u64>,
     /// Bytes queued or being written.
@@ -49,6 +52,18 @@ struct State {
     /// extent can never commit.
     failed: Option<String>,
     stop: bool,
+}
+
+impl State {
+    /// One extent of `owner` is out of `extents`.
+    fn forget_owner(&mut self, owner: InodeId) {
+        if let Some(n) = self.owners.get_mut(&owner) {
+            *n -= 1;
+            if *n == 0 {
+                self.owners.remove(&owner);
+            }
+        }
+    }
 }
 
 #[derive(Default)]
@@ -120,7 +135,7 @@ impl InFlight {
             }
         }
         let mut s = self.shared.lock();
-        s.extents.insert(
+        let replaced = s.extents.insert(
             logical,
             Entry {
                 owner,
@@ -131,6 +146,10 @@ impl InFlight {
                 outcome: None,
             },
         );
+        *s.owners.entry(owner).or_default() += 1;
+        if let Some(old) = replaced {
+            s.forget_owner(old.owner);
+        }
         s.queue.push_back(logical);
         s.unwritten += len as u64;
         self.any.store(true, Ordering::Release);
@@ -148,7 +167,7 @@ impl InFlight {
     /// Whether inode `owner` has data in flight, or a write failed.
     pub fn has(&self, owner: InodeId) -> bool {
         let s = self.shared.lock();
-        s.failed.is_some() || s.extents.values().any(|e| e.owner == owner)
+        s.failed.is_some() || s.owners.contains_key(&owner)
     }
 
     /// Whether at most `limit` bytes are queued or being written.
@@ -217,6 +236,7 @@ impl InFlight {
             let Some(e) = s.extents.remove(&logical) else {
                 continue;
             };
+            s.forget_owner(e.owner);
             match e.outcome {
                 Some(Ok(sums)) => done.push(Finished {
                     logical,

@@ -20,15 +20,20 @@ const FILE: NewInode = NewInode {
 /// Files created, in one directory, in one transaction.
 const FILES: usize = 3000;
 
-fn image_with_files(dir: &Path) -> (PathBuf, Vec<Stat>) {
+/// A new 256 MiB image in `dir` with nodes of `nodesize` bytes whatever
+/// the page size (the counts below depend on it).
+fn new_image(dir: &Path, nodesize: &str) -> PathBuf {
     let img = dir.join("fs.img");
-    // 16 KiB nodes whatever the page size: the counts below depend on it.
-    testkit::mkfs_file(
-        &img,
-        256 << 20,
-        &["-m", "single", "-d", "single", "-n", "16384"],
-    )
-    .unwrap();
+    let mut args = vec!["-m", "single", "-d", "single", "-n", nodesize];
+    if nodesize == "4096" {
+        args.extend(["-s", "4096"]);
+    }
+    testkit::mkfs_file(&img, 256 << 20, &args).unwrap();
+    img
+}
+
+fn image_with_files(dir: &Path) -> (PathBuf, Vec<Stat>) {
+    let img = new_image(dir, "16384");
     let fs = Filesystem::open_read_write(&[&img]).unwrap();
     let made = (0..FILES)
         .map(|i| {
@@ -41,9 +46,9 @@ fn image_with_files(dir: &Path) -> (PathBuf, Vec<Stat>) {
     (img, made)
 }
 
-/// Free bytes of each leaf of the default subvolume's tree, as
-/// `btrfs inspect-internal dump-tree` reports them, in key order.
-fn leaf_free_space(img: &Path) -> Vec<u64> {
+/// The default subvolume's tree as `btrfs inspect-internal dump-tree`
+/// prints it.
+fn dump_fs_tree(img: &Path) -> String {
     let out = testkit::output_of(
         Command::new("btrfs")
             .args(["inspect-internal", "dump-tree", "-t", "5"])
@@ -51,7 +56,12 @@ fn leaf_free_space(img: &Path) -> Vec<u64> {
     )
     .expect("btrfs inspect-internal runs");
     assert!(out.status.success(), "dump-tree failed");
-    String::from_utf8_lossy(&out.stdout)
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Free bytes of each leaf of the default subvolume's tree, in key order.
+fn leaf_free_space(img: &Path) -> Vec<u64> {
+    dump_fs_tree(img)
         .lines()
         .filter(|l| l.starts_with("leaf ") && l.contains(" free space "))
         .map(|l| {
@@ -95,13 +105,7 @@ fn directory_entries_share_leaves_with_their_neighbours() {
     // makes them): a directory's entries go in the middle of the tree,
     // by name hash, before the next directories' items.
     let dir = testkit::TestDir::new("tree-shape-dirs").unwrap();
-    let img = dir.path().join("fs.img");
-    testkit::mkfs_file(
-        &img,
-        256 << 20,
-        &["-m", "single", "-d", "single", "-n", "16384"],
-    )
-    .unwrap();
+    let img = new_image(dir.path(), "16384");
     let fs = Filesystem::open_read_write(&[&img]).unwrap();
     let dirs: Vec<_> = (0..30)
         .map(|d| {
@@ -195,14 +199,7 @@ fn a_walk_through_a_cold_tree_finds_the_next_leaves_read() {
 /// tree, as `btrfs inspect-internal dump-tree` prints them: objectid and
 /// whether the item is an inode item.
 fn level_one_first_keys(img: &Path) -> Vec<(u64, bool)> {
-    let out = testkit::output_of(
-        Command::new("btrfs")
-            .args(["inspect-internal", "dump-tree", "-t", "5"])
-            .arg(img),
-    )
-    .expect("btrfs inspect-internal runs");
-    assert!(out.status.success(), "dump-tree failed");
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = dump_fs_tree(img);
     let mut firsts = Vec::new();
     let mut in_level_one = false;
     for line in text.lines() {
@@ -227,13 +224,7 @@ fn a_walk_crossing_into_the_next_parent_reads_one_leaf_itself() {
     // 4 KiB nodes: about 120 leaves under each level-1 node, so 6,000
     // inodes span several.
     let dir = testkit::TestDir::new("tree-shape-crossing").unwrap();
-    let img = dir.path().join("fs.img");
-    testkit::mkfs_file(
-        &img,
-        256 << 20,
-        &["-m", "single", "-d", "single", "-n", "4096", "-s", "4096"],
-    )
-    .unwrap();
+    let img = new_image(dir.path(), "4096");
     let fs = Filesystem::open_read_write(&[&img]).unwrap();
     let ids: Vec<_> = (0..6000)
         .map(|i| {
@@ -295,13 +286,7 @@ fn leaves_shared_with_neighbours_in_snapshotted_trees_pass_btrfs_check() {
     // their references must come out as the kernel counts them.
     for nodesize in ["4096", "16384"] {
         let dir = testkit::TestDir::new(&format!("tree-shape-snap-{nodesize}")).unwrap();
-        let img = dir.path().join("fs.img");
-        testkit::mkfs_file(
-            &img,
-            256 << 20,
-            &["-m", "single", "-d", "single", "-n", nodesize],
-        )
-        .unwrap();
+        let img = new_image(dir.path(), nodesize);
         let fs = Filesystem::open_read_write(&[&img]).unwrap();
         let dir_mode = NewInode {
             mode: libc::S_IFDIR | 0o755,

@@ -300,6 +300,11 @@ pub enum Body {
     Internal(Vec<KeyPtr>),
 }
 
+/// Bytes leaf `items` take in a block: each item's header and data.
+pub fn leaf_items_used(items: &[(Key, Vec<u8>)]) -> usize {
+    items.iter().map(|(_, d)| ITEM_SIZE + d.len()).sum()
+}
+
 impl Body {
     /// Number of items or pointers.
     pub fn len(&self) -> usize {
@@ -317,7 +322,7 @@ impl Body {
     /// Bytes the contents take after the header.
     pub fn used(&self) -> usize {
         match self {
-            Body::Leaf(v) => v.iter().map(|(_, d)| ITEM_SIZE + d.len()).sum(),
+            Body::Leaf(v) => leaf_items_used(v),
             Body::Internal(v) => v.len() * KEY_PTR_SIZE,
         }
     }

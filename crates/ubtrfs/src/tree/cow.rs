@@ -13,6 +13,7 @@ use crate::format::Key;
 use crate::format::consts::{HEADER_FLAG_WRITTEN, MIXED_BACKREF_REV};
 use crate::format::node::{
     Body, Expect, HEADER_SIZE, Header, ITEM_SIZE, KEY_PTR_SIZE, KeyPtr, MAX_LEVEL, Node,
+    leaf_items_used,
 };
 use crate::{Error, Result};
 use std::sync::Arc;
@@ -527,7 +528,7 @@ impl<'a> TreeEditor<'a> {
                 self.free(&node)?;
                 return Ok((Some(Repl::Ptrs(Vec::new())), r));
             }
-            let used: usize = items.iter().map(|(_, d)| ITEM_SIZE + d.len()).sum();
+            let used = leaf_items_used(&items);
             if !leaf.appended && !is_root && used > self.capacity() {
                 return Ok((Some(Repl::Overfull(node, items)), r));
             }
@@ -640,7 +641,7 @@ impl<'a> TreeEditor<'a> {
         items: Items,
     ) -> Result<std::result::Result<Vec<KeyPtr>, Items>> {
         let cap = self.capacity();
-        let used: usize = items.iter().map(|(_, d)| ITEM_SIZE + d.len()).sum();
+        let used = leaf_items_used(&items);
         // The first neighbour with room, the left one first (one read where
         // it has room). One that cannot be read or copied is passed over:
         // the leaf is then cut as before, so sharing fails no edit.

@@ -1035,27 +1035,18 @@ impl FuseFs {
         match self.served.write(|fs| {
             // A special file may be open without FUSE ever seeing an open:
             // its last name going keeps it until the kernel forgets it.
-            // The entry's kind is in the directory item: only a special
-            // file's inode is read.
-            let special = fs.lookup(dir, name.as_bytes()).ok().and_then(|e| {
-                let special = matches!(
-                    e.kind,
-                    FileKind::Fifo | FileKind::Socket | FileKind::CharDev | FileKind::BlockDev
-                );
-                (special && fs.stat(e.id).ok()?.nlink == 1).then_some(e.id)
-            });
-            if let Some(id) = special {
-                fs.hold_inode(id);
+            let held = fs
+                .unlink_holding(dir, name.as_bytes(), |kind| {
+                    matches!(
+                        kind,
+                        FileKind::Fifo | FileKind::Socket | FileKind::CharDev | FileKind::BlockDev
+                    )
+                })
+                .map_err(errno)?;
+            if let Some(id) = held {
+                self.held().insert(id);
             }
-            let r = fs.unlink(dir, name.as_bytes()).map_err(errno);
-            if let Some(id) = special {
-                if r.is_ok() {
-                    self.held().insert(id);
-                } else {
-                    fs.release_inode(id).map_err(errno)?;
-                }
-            }
-            r
+            Ok(())
         }) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),

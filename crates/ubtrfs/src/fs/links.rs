@@ -249,8 +249,8 @@ impl Filesystem {
             let Some(dst) = dst else {
                 return Err(Error::NotFound(show(new_name)));
             };
-            self.remove_name(&mut w, old_dir, old_name, now)?;
-            self.remove_name(&mut w, new_dir, new_name, now)?;
+            self.remove_name(&mut w, old_dir, old_name, &src, now)?;
+            self.remove_name(&mut w, new_dir, new_name, &dst, now)?;
             // The kernel numbers the new entry in `new_dir` first.
             self.add_name(&mut w, new_dir, new_name, src.id, src.kind, now)?;
             self.add_name(&mut w, old_dir, old_name, dst.id, dst.kind, now)?;
@@ -270,10 +270,10 @@ impl Filesystem {
             }
         }
         if let Some(d) = dst {
-            self.remove_name(&mut w, new_dir, new_name, now)?;
+            self.remove_name(&mut w, new_dir, new_name, &d, now)?;
             self.drop_link(&mut w, d.id, d.kind, now)?;
         }
-        self.remove_name(&mut w, old_dir, old_name, now)?;
+        self.remove_name(&mut w, old_dir, old_name, &src, now)?;
         self.add_name(&mut w, new_dir, new_name, src.id, src.kind, now)?;
         self.change_inode(&mut w, src.id, |i| i.ctime = now)?;
         Ok(())

@@ -5,7 +5,7 @@
 //! directory's size counts each name twice, as the kernel does.
 
 use super::dir::{EMPTY_SUBVOL_DIR, name_hash};
-use super::inode::{FileKind, InodeId, Stat};
+use super::inode::{DirEntry, FileKind, InodeId, Stat};
 use super::open::Filesystem;
 use crate::format::Key;
 use crate::format::consts::*;
@@ -240,10 +240,10 @@ impl Filesystem {
         w: &mut Writer,
         dir: InodeId,
         name: &[u8],
+        entry: &DirEntry,
         now: Timespec,
     ) -> Result<InodeId> {
-        // Every caller has found the name, so `dir` is a directory.
-        let entry = self.find_name(dir, name)?;
+        // Every caller has found the name (`entry`), so `dir` is a directory.
         if entry.id.subvol != dir.subvol {
             return Err(Error::Unsupported("removing a subvolume link".into()));
         }
@@ -403,6 +403,21 @@ impl Filesystem {
 
     /// Remove a non-directory name; the inode goes when its last name does.
     pub fn unlink(&self, dir: InodeId, name: &[u8]) -> Result<()> {
+        self.unlink_holding(dir, name, |_| false).map(drop)
+    }
+
+    /// [`Filesystem::unlink`], but when the name is the inode's last and
+    /// `hold` says yes to its kind, the inode is held first (as by
+    /// [`Filesystem::hold_inode`]) and outlives its name until
+    /// [`Filesystem::release_inode`]; returns the inode so held. For a
+    /// caller that cannot tell whether such a file is still open (a FUSE
+    /// mount never sees the opens of special files).
+    pub fn unlink_holding(
+        &self,
+        dir: InodeId,
+        name: &[u8],
+        hold: impl FnOnce(FileKind) -> bool,
+    ) -> Result<Option<InodeId>> {
         let mut w = self.writer_deleting()?;
         self.writable_dir(dir)?;
         let entry = self.find_name(dir, name)?;
@@ -410,18 +425,39 @@ impl Filesystem {
             return Err(Error::IsDir(String::from_utf8_lossy(name).into_owned()));
         }
         let now = Timespec::now();
-        let target = self.remove_name(&mut w, dir, name, now)?;
-        if self.inode_item(target)?.nlink <= 1 && self.open_count(target) == 0 {
+        let target = self.remove_name(&mut w, dir, name, &entry, now)?;
+        let last = self.inode_item(target)?.nlink <= 1;
+        let held = (last && hold(entry.kind)).then(|| {
+            self.hold_inode(target);
+            target
+        });
+        let r = self.drop_unlinked(&mut w, target, last, now);
+        if let (Err(_), Some(id)) = (&r, held) {
+            // Nothing to keep it for: the name is still there.
+            self.close_inode(id)?;
+        }
+        r.map(|()| held)
+    }
+
+    /// The inode `target` lost a name (its `last`, or not).
+    fn drop_unlinked(
+        &self,
+        w: &mut Writer,
+        target: InodeId,
+        last: bool,
+        now: Timespec,
+    ) -> Result<()> {
+        if last && self.open_count(target) == 0 {
             // The last name went and nobody has the inode open: it goes
             // now, so its new link count need not be written first.
-            return self.delete_inode_now(&mut w, target);
+            return self.delete_inode_now(w, target);
         }
-        let item = self.change_inode(&mut w, target, |i| {
+        let item = self.change_inode(w, target, |i| {
             i.nlink = i.nlink.saturating_sub(1);
             i.ctime = now;
         })?;
         if item.nlink == 0 {
-            self.delete_inode(&mut w, target)?;
+            self.delete_inode(w, target)?;
         }
         Ok(())
     }
@@ -443,7 +479,7 @@ impl Filesystem {
             return Err(Error::NotEmpty(String::from_utf8_lossy(name).into_owned()));
         }
         let now = Timespec::now();
-        let target = self.remove_name(&mut w, dir, name, now)?;
+        let target = self.remove_name(&mut w, dir, name, &entry, now)?;
         self.delete_inode(&mut w, target)
     }
 
@@ -695,6 +731,47 @@ mod tests {
         // Twice is harmless.
         t.fs().delete_closed_orphan(id).unwrap();
         t.fs().commit().unwrap();
+    }
+
+    #[test]
+    fn unlink_holding_keeps_only_the_last_name_of_the_kinds_asked_for() {
+        let t = TestFs::new();
+        let fs = t.fs();
+        let fifo = NewInode {
+            mode: libc::S_IFIFO | 0o644,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+        };
+        let p = fs.create(fs.root(), b"p", fifo).unwrap().id;
+        fs.link(p, fs.root(), b"q").unwrap();
+        let is_fifo = |k| k == crate::fs::FileKind::Fifo;
+        // Not its last name: nothing held.
+        assert_eq!(fs.unlink_holding(fs.root(), b"q", is_fifo).unwrap(), None);
+        assert_eq!(fs.stat(p).unwrap().nlink, 1);
+        // Its last: held, an orphan until released.
+        assert_eq!(
+            fs.unlink_holding(fs.root(), b"p", is_fifo).unwrap(),
+            Some(p)
+        );
+        assert!(matches!(
+            fs.lookup(fs.root(), b"p"),
+            Err(Error::NotFound(_))
+        ));
+        assert_eq!(fs.stat(p).unwrap().nlink, 0);
+        assert!(fs.has_orphan_item(p).unwrap());
+        fs.release_inode(p).unwrap();
+        assert!(matches!(fs.stat(p), Err(Error::NotFound(_))));
+        // A kind not asked for goes at once.
+        let f = file(&t, b"f");
+        assert_eq!(fs.unlink_holding(fs.root(), b"f", is_fifo).unwrap(), None);
+        assert!(matches!(fs.stat(f), Err(Error::NotFound(_))));
+        // A name that is not there: an error, nothing held.
+        assert!(matches!(
+            fs.unlink_holding(fs.root(), b"f", |_| true),
+            Err(Error::NotFound(_))
+        ));
+        fs.commit().unwrap();
     }
 
     #[test]

@@ -189,6 +189,36 @@ impl Delalloc {
         }
     }
 
+    /// Store `data`, whole sectors, as the dirty sectors of `id` from
+    /// sector `index` on, like [`Delalloc::put_sectors`], keeping `data`
+    /// itself as the run where no run holds, ends at or starts right after
+    /// those sectors (a small file written at once): no copy.
+    pub fn put_run(&mut self, id: InodeId, index: u64, data: Vec<u8>, sectorsize: u64) {
+        if self.sectorsize == 0 {
+            self.sectorsize = sectorsize;
+        }
+        let ss = self.sectorsize;
+        let n = data.len() as u64 / ss;
+        let alone = data.len() as u64 <= self.max_run()
+            && self.files.get(&id).is_none_or(|file| {
+                let before = file
+                    .range(..=index)
+                    .next_back()
+                    .is_some_and(|(&s, run)| s + run.len() as u64 / ss >= index);
+                let after = file.range(index + 1..=index + n).next().is_some();
+                !before && !after
+            });
+        if !alone {
+            self.put_sectors(id, index, &data, ss);
+            return;
+        }
+        self.bytes += n * ss;
+        self.files
+            .entry(id)
+            .or_default()
+            .insert(index, Arc::new(data));
+    }
+
     /// Keep `buf`, the buffer of a run that was written, for a new run;
     /// gives it back if it is not kept.
     pub fn recycle(&mut self, buf: Vec<u8>) -> Option<Vec<u8>> {
@@ -516,6 +546,30 @@ mod tests {
     /// Random sector writes, overlays, cuts and takes agree with a plain
     /// map of sectors.
     #[test]
+    fn a_run_put_alone_is_kept_without_a_copy() {
+        let id = InodeId {
+            subvol: 5,
+            ino: 301,
+        };
+        let ss = 8u64;
+        let mut d = Delalloc::default();
+        let buf = vec![3u8; 3 * ss as usize];
+        let at = buf.as_ptr();
+        d.put_run(id, 10, buf, ss);
+        let run = d.lend_run(id, 10 * ss, 3 * ss).expect("one run");
+        assert_eq!(run.as_ptr(), at, "the buffer itself is the run");
+        drop(run);
+        // Ones that touch it (end where it starts, start where it ends)
+        // join it as with put_sectors.
+        d.put_run(id, 8, vec![4u8; 2 * ss as usize], ss);
+        assert_eq!(d.ranges(id, ss), vec![(8 * ss, 5 * ss)]);
+        d.put_run(id, 13, vec![5u8; ss as usize], ss);
+        assert_eq!(d.ranges(id, ss), vec![(8 * ss, 6 * ss)]);
+        assert_eq!(d.bytes(), 6 * ss);
+        assert_eq!(d.sector(id, 13), Some(&[5u8; 8][..]));
+    }
+
+    #[test]
     fn matches_a_sector_map() {
         let id = InodeId {
             subvol: 5,
@@ -539,9 +593,15 @@ mod tests {
                 let data: Vec<u8> = (0..n * ss as usize)
                     .map(|i| (step * 7 + i as u64 / ss) as u8)
                     .collect();
-                if rnd(4) == 0 {
+                let how = rnd(4);
+                if how == 0 {
                     d.put(id, idx, data[..ss as usize].to_vec().into_boxed_slice());
                     model.insert(idx, data[..ss as usize].to_vec());
+                } else if how == 1 {
+                    d.put_run(id, idx, data.clone(), ss);
+                    for (i, s) in data.chunks(ss as usize).enumerate() {
+                        model.insert(idx + i as u64, s.to_vec());
+                    }
                 } else {
                     d.put_sectors(id, idx, &data, ss);
                     for (i, s) in data.chunks(ss as usize).enumerate() {

@@ -118,44 +118,44 @@ impl Filesystem {
         // ones, or from disk): read first, so a failed read (a damaged
         // extent) leaves nothing of the write behind.
         let (full_lo, full_hi) = (offset.div_ceil(ss), end / ss);
-        let mut sectors = Vec::new();
-        if uninline && first > 0 {
-            sectors.push(0);
-        }
-        sectors.extend((first..=last).filter(|&i| i < full_lo || i >= full_hi));
-        sectors.dedup();
-        let mut partial = Vec::with_capacity(sectors.len());
-        for idx in sectors {
-            let s = idx * ss;
-            let existing = self.delalloc().sector(id, idx).map(|b| b.to_vec());
-            let mut buf = match existing {
-                Some(b) => b,
-                // Wholly past the old end: nothing there to keep (as in
-                // the kernel, which zeroes such a page rather than read it).
-                None if s >= inode.size => vec![0u8; ss as usize],
-                None => {
-                    let mut b = self.read_stored(id, s, ss as usize)?;
-                    b.resize(ss as usize, 0);
-                    b
-                }
+        let span = ((last - first + 1) * ss) as usize;
+        if span <= SMALL_WRITE && !(uninline && first > 0) {
+            // A small write (a small file's whole data, often) goes in as
+            // one buffer, its partial sectors filled in: one allocation,
+            // not one per partial sector and one more for the rest.
+            let mut buf = vec![0u8; span];
+            let edges: &[u64] = if first == last {
+                &[first]
+            } else {
+                &[first, last]
             };
-            let lo = s.max(offset);
-            let hi = (s + ss).min(end);
-            if lo < hi {
-                buf[(lo - s) as usize..(hi - s) as usize]
-                    .copy_from_slice(&data[(lo - offset) as usize..(hi - offset) as usize]);
+            for &idx in edges {
+                if (full_lo..full_hi).contains(&idx) {
+                    continue;
+                }
+                let s = idx * ss;
+                let at = ((idx - first) * ss) as usize;
+                let dst = &mut buf[at..at + ss as usize];
+                let d = self.delalloc();
+                match d.sector(id, idx) {
+                    Some(b) => dst.copy_from_slice(b),
+                    // Wholly past the old end: nothing there to keep (as
+                    // in the kernel, which zeroes such a page rather than
+                    // read it).
+                    None if s >= inode.size => {}
+                    None => {
+                        drop(d);
+                        let b = self.read_stored(id, s, ss as usize)?;
+                        let n = b.len().min(dst.len());
+                        dst[..n].copy_from_slice(&b[..n]);
+                    }
+                }
             }
-            partial.push((idx, buf));
-        }
-        // Sectors the write covers whole take its bytes in one go.
-        if full_lo < full_hi {
-            let from = (full_lo * ss - offset) as usize;
-            let to = (full_hi * ss - offset) as usize;
-            self.delalloc()
-                .put_sectors(id, full_lo, &data[from..to], ss);
-        }
-        for (idx, buf) in partial {
-            self.delalloc().put(id, idx, buf.into_boxed_slice());
+            let at = (offset - first * ss) as usize;
+            buf[at..at + data.len()].copy_from_slice(data);
+            self.delalloc().put_run(id, first, buf, ss);
+        } else {
+            self.put_large(id, offset, data, &inode, uninline, ss)?;
         }
         let now = Timespec::now();
         self.change_inode(&mut w, id, |i| {
@@ -177,6 +177,60 @@ impl Filesystem {
             self.writeback_background(&mut w)?;
         }
         Ok(data.len())
+    }
+
+    /// The dirty sectors of a write longer than [`SMALL_WRITE`] (or one
+    /// that moves an inline extent to sector 0): its whole sectors in one
+    /// copy into the run they extend, each partial one apart.
+    fn put_large(
+        &self,
+        id: InodeId,
+        offset: u64,
+        data: &[u8],
+        inode: &crate::format::items::InodeItem,
+        uninline: bool,
+        ss: u64,
+    ) -> Result<()> {
+        let end = offset + data.len() as u64;
+        let (first, last) = (offset / ss, (end - 1) / ss);
+        let (full_lo, full_hi) = (offset.div_ceil(ss), end / ss);
+        let mut sectors = Vec::new();
+        if uninline && first > 0 {
+            sectors.push(0);
+        }
+        sectors.extend((first..=last).filter(|&i| i < full_lo || i >= full_hi));
+        sectors.dedup();
+        let mut partial = Vec::with_capacity(sectors.len());
+        for idx in sectors {
+            let s = idx * ss;
+            let existing = self.delalloc().sector(id, idx).map(|b| b.to_vec());
+            let mut buf = match existing {
+                Some(b) => b,
+                None if s >= inode.size => vec![0u8; ss as usize],
+                None => {
+                    let mut b = self.read_stored(id, s, ss as usize)?;
+                    b.resize(ss as usize, 0);
+                    b
+                }
+            };
+            let lo = s.max(offset);
+            let hi = (s + ss).min(end);
+            if lo < hi {
+                buf[(lo - s) as usize..(hi - s) as usize]
+                    .copy_from_slice(&data[(lo - offset) as usize..(hi - offset) as usize]);
+            }
+            partial.push((idx, buf));
+        }
+        if full_lo < full_hi {
+            let from = (full_lo * ss - offset) as usize;
+            let to = (full_hi * ss - offset) as usize;
+            self.delalloc()
+                .put_sectors(id, full_lo, &data[from..to], ss);
+        }
+        for (idx, buf) in partial {
+            self.delalloc().put(id, idx, buf.into_boxed_slice());
+        }
+        Ok(())
     }
 
     /// Wait, holding nothing, while the writeback thread has more than its

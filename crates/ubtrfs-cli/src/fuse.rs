@@ -90,6 +90,7 @@ mod dev;
 mod reply;
 mod ring;
 mod served;
+pub mod subvol_ioctl;
 mod wire;
 mod write;
 
@@ -152,7 +153,7 @@ const MAX_SUBVOL: u64 = (1 << (64 - INO_BITS)) - 1;
 const COOKIE_BASE: u64 = 2;
 
 /// How a filesystem is served (from the mount options).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Options {
     /// The directory that becomes the mount's root: a subvolume's root.
     pub root: InodeId,
@@ -161,6 +162,9 @@ pub struct Options {
     pub new_file_flags: u64,
     /// Serve over io_uring when the kernel offers it (`uring` option).
     pub uring: bool,
+    /// Where it is mounted (canonical): a snapshot's source must be in
+    /// this mount.
+    pub mountpoint: std::path::PathBuf,
 }
 
 /// A ubtrfs filesystem served over FUSE. Clones share everything: the
@@ -185,6 +189,8 @@ pub struct FuseFs {
     uring_wanted: bool,
     /// The io_uring queues, once started; stopped before the last commit.
     rings: Arc<std::sync::Mutex<Option<fuse_ring::Rings>>>,
+    /// Where the mount is (see [`Options::mountpoint`]).
+    mountpoint: Arc<std::path::PathBuf>,
 }
 
 /// Capabilities the kernel agreed to at init (set once, before any other
@@ -249,6 +255,7 @@ impl FuseFs {
             deferred: Arc::default(),
             uring_wanted: opts.uring,
             rings: Arc::default(),
+            mountpoint: Arc::new(opts.mountpoint),
         }
     }
 
@@ -1289,7 +1296,7 @@ impl FuseFs {
     }
     pub(super) fn on_ioctl<R: IoctlReply>(
         &self,
-        _req: &Caller,
+        req: &Caller,
         ino: INodeNo,
         _fh: FileHandle,
         _flags: fuser::IoctlFlags,
@@ -1302,6 +1309,12 @@ impl FuseFs {
         let id = self.inode_of(ino);
         if cmd != control::UBTRFS_IOC_SERVER_INFO {
             self.stats.count(Counter::Ioctl);
+        }
+        if let Some(request) = subvol_ioctl::decode(cmd, in_data) {
+            return match request.and_then(|r| self.subvol_request(req, ino, r)) {
+                Ok(()) => reply.ioctl(0, &[]),
+                Err(e) => reply.error(e),
+            };
         }
         match cmd {
             control::UBTRFS_IOC_SERVER_INFO => {
@@ -1368,6 +1381,81 @@ impl FuseFs {
             },
             _ => reply.error(Errno::ENOTTY),
         }
+    }
+}
+
+impl FuseFs {
+    /// Create, snapshot or delete a subvolume in directory `ino` (see
+    /// [`subvol_ioctl`]).
+    fn subvol_request(
+        &self,
+        req: &Caller,
+        ino: INodeNo,
+        request: subvol_ioctl::SubvolRequest<'_>,
+    ) -> Result<(), Errno> {
+        use subvol_ioctl::SubvolRequest;
+        if !self.served.writable() {
+            return Err(Errno::EROFS);
+        }
+        let dir = self.inode_of(ino);
+        // The snapshot's source, found before any lock is taken.
+        let source = match &request {
+            SubvolRequest::Snapshot { fd, .. } => {
+                let (dev, src_ino) = subvol_ioctl::open_file(req.pid(), *fd)?;
+                if subvol_ioctl::mount_device(&self.mountpoint) != Some(dev) {
+                    return Err(Errno::EXDEV);
+                }
+                Some(self.inode_of(INodeNo(src_ino)))
+            }
+            _ => None,
+        };
+        let name = match &request {
+            SubvolRequest::Create { name }
+            | SubvolRequest::Snapshot { name, .. }
+            | SubvolRequest::Destroy { name } => *name,
+        };
+        self.served.write(|fs| {
+            let st = self.stat(fs, ino)?;
+            if st.kind != FileKind::Dir {
+                return Err(Errno::ENOTDIR);
+            }
+            let w_x = AccessFlags::W_OK | AccessFlags::X_OK;
+            if !permitted(&st, req.uid(), req.gid(), w_x) {
+                return Err(Errno::EACCES);
+            }
+            match request {
+                SubvolRequest::Create { .. } => fs
+                    .create_subvolume(dir, name, req.uid(), req.gid())
+                    .map(drop)
+                    .map_err(errno),
+                SubvolRequest::Snapshot { readonly, .. } => {
+                    let src = source.ok_or(Errno::EBADF)?;
+                    let src_st = fs.stat(src).map_err(errno)?;
+                    if src.ino != ubtrfs::format::consts::FIRST_INODE {
+                        return Err(Errno::EINVAL);
+                    }
+                    // Anyone may create a subvolume; only its owner
+                    // snapshots one.
+                    if req.uid() != 0 && req.uid() != src_st.uid {
+                        return Err(Errno::EPERM);
+                    }
+                    fs.create_snapshot(src.subvol, dir, name, readonly)
+                        .map(drop)
+                        .map_err(errno)
+                }
+                SubvolRequest::Destroy { .. } => {
+                    if req.uid() != 0 {
+                        return Err(Errno::EPERM);
+                    }
+                    fs.delete_subvolume(dir, name, false).map_err(errno)
+                }
+            }
+        })?;
+        // The kernel may hold the name as absent (or, deleted, present),
+        // and the directory's old attributes.
+        self.served.invalidate_entry(ino, name);
+        self.served.invalidate_attrs(ino);
+        Ok(())
     }
 }
 

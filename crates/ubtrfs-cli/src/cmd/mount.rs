@@ -491,6 +491,7 @@ fn serve(
                 settings.new_file_flags
             },
             uring: settings.uring,
+            mountpoint: mountpoint.to_path_buf(),
         };
         let served = Arc::new(Served::new(fs, !settings.read_only));
         let fuse = FuseFs::new(Arc::clone(&served), opts);

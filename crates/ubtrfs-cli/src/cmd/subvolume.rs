@@ -1,10 +1,15 @@
-//! `ubtrfs subvolume`: create and delete subvolumes and snapshots in an
-//! image, as `btrfs subvolume create|snapshot|delete` do on a mount.
+//! `ubtrfs subvolume`: create and delete subvolumes and snapshots, as
+//! `btrfs subvolume create|snapshot|delete` do: in a ubtrfs mount (through
+//! the btrfs ioctls the mount answers, see `fuse::subvol_ioctl`), or in an
+//! image that is not mounted, given its devices.
 
 use super::{fs_path, list, resolve};
+use crate::fuse::subvol_ioctl::{self, SubvolRequest};
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
-use std::path::PathBuf;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use ubtrfs::format::consts::FIRST_INODE;
 use ubtrfs::fs::{FileKind, Filesystem, InodeId};
 
@@ -22,66 +27,223 @@ pub enum Command {
 /// Arguments of `subvolume create`.
 #[derive(clap::Args, Debug)]
 #[command(
-    override_usage = "ubtrfs subvolume create <DEV>... <PATH>",
+    override_usage = "ubtrfs subvolume create <PATH>\n       ubtrfs subvolume create <DEV>... <PATH>",
     after_help = "\
-PATH is absolute inside the filesystem; its parent directory must exist and \
-its last component must not. The new subvolume's root directory belongs to \
-the calling user."
+With PATH alone, PATH is in a ubtrfs mount. With devices, the filesystem is \
+not mounted and PATH is absolute inside it. The parent directory must exist \
+and the last component must not. The new subvolume's root directory belongs \
+to the calling user."
 )]
 pub struct CreateArgs {
-    /// The filesystem's devices (all of them, any order).
-    #[arg(required = true, value_name = "DEV")]
-    devices: Vec<PathBuf>,
-    /// The new subvolume (starting with '/').
-    #[arg(value_name = "PATH")]
-    path: PathBuf,
+    /// The filesystem's devices (all of them, any order) if it is not
+    /// mounted, then the new subvolume.
+    #[arg(required = true, num_args = 1.., value_name = "ARG")]
+    args: Vec<PathBuf>,
 }
 
 /// Arguments of `subvolume snapshot`.
 #[derive(clap::Args, Debug)]
 #[command(
-    override_usage = "ubtrfs subvolume snapshot [-r] <DEV>... <SOURCE> <DEST>",
+    override_usage = "ubtrfs subvolume snapshot [-r] <SOURCE> <DEST>\n       ubtrfs subvolume snapshot [-r] <DEV>... <SOURCE> <DEST>",
     after_help = "\
-SOURCE is the root directory of a subvolume ('/' for the default one). If \
-DEST is an existing directory the snapshot goes into it under SOURCE's name; \
-else DEST names the snapshot. Nested subvolumes show up in the snapshot as \
-empty directories, as with the kernel. Pending changes are committed first."
+SOURCE is the root directory of a subvolume: in a ubtrfs mount, or, with \
+devices, absolute inside an unmounted filesystem ('/' for the default one). \
+If DEST is an existing directory the snapshot goes into it under SOURCE's \
+name; else DEST names the snapshot. Nested subvolumes show up in the \
+snapshot as empty directories, as with the kernel. In a mount, what was \
+written to the mount before is in the snapshot; pending changes are \
+committed first."
 )]
 pub struct SnapshotArgs {
     /// Make the snapshot read-only.
     #[arg(short = 'r', long = "readonly")]
     readonly: bool,
-    /// The filesystem's devices (all of them, any order), then SOURCE, the
-    /// subvolume to snapshot, and DEST, where the snapshot goes (both
-    /// starting with '/').
-    #[arg(required = true, num_args = 3.., value_name = "ARG")]
+    /// The filesystem's devices (all of them, any order) if it is not
+    /// mounted, then SOURCE, the subvolume to snapshot, and DEST, where
+    /// the snapshot goes.
+    #[arg(required = true, num_args = 2.., value_name = "ARG")]
     args: Vec<PathBuf>,
 }
 
 /// Arguments of `subvolume delete`.
 #[derive(clap::Args, Debug)]
 #[command(
-    override_usage = "ubtrfs subvolume delete <DEV>... <PATH>",
+    override_usage = "ubtrfs subvolume delete <PATH>\n       ubtrfs subvolume delete <DEV>... <PATH>",
     after_help = "\
-PATH (absolute inside the filesystem) must be the root of a subvolume or \
-snapshot; it is deleted with everything in it and the deletion is \
-committed. The top-level subvolume, the default subvolume \
-and a subvolume holding other subvolumes cannot be deleted."
+PATH, in a ubtrfs mount or (with devices) absolute inside an unmounted \
+filesystem, must be the root of a subvolume or snapshot; it is deleted \
+with everything in it and the deletion is committed. The top-level \
+subvolume, the default subvolume, a subvolume holding other subvolumes and \
+one with files open cannot be deleted; in a mount, only root deletes."
 )]
 pub struct DeleteArgs {
-    /// The filesystem's devices (all of them, any order), then PATH, the
-    /// subvolume to delete (starting with '/').
-    #[arg(required = true, num_args = 2.., value_name = "ARG")]
+    /// The filesystem's devices (all of them, any order) if it is not
+    /// mounted, then PATH, the subvolume to delete.
+    #[arg(required = true, num_args = 1.., value_name = "ARG")]
     args: Vec<PathBuf>,
 }
 
 /// Run a `subvolume` subcommand.
 pub fn run(command: Command) -> Result<()> {
     match command {
-        Command::Create(args) => create(args),
-        Command::Snapshot(args) => snapshot(args),
-        Command::Delete(args) => delete(args),
+        Command::Create(a) => match &a.args[..] {
+            [path] => mounted_create(path),
+            [devices @ .., path] => create(devices, path),
+            [] => bail!("give the new subvolume's path"),
+        },
+        Command::Snapshot(a) => match &a.args[..] {
+            [source, dest] => mounted_snapshot(source, dest, a.readonly),
+            [devices @ .., source, dest] => snapshot(devices, source, dest, a.readonly),
+            _ => bail!("give the source subvolume and the destination"),
+        },
+        Command::Delete(a) => match &a.args[..] {
+            [path] => mounted_delete(path),
+            [devices @ .., path] => delete(devices, path),
+            [] => bail!("give the subvolume to delete"),
+        },
     }
+}
+
+/// `path`'s parent directory (`.` for a bare name) and last name, on the
+/// host.
+fn host_parent_and_name(path: &Path) -> Result<(PathBuf, Vec<u8>)> {
+    let name = path
+        .file_name()
+        .filter(|n| n.as_bytes() != b".." && n.as_bytes() != b".")
+        .with_context(|| format!("{}: needs a name", path.display()))?;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    Ok((parent, name.as_bytes().to_vec()))
+}
+
+/// Open `dir`, a directory in a writable ubtrfs mount.
+fn mounted_dir(dir: &Path) -> Result<std::fs::File> {
+    let f = std::fs::File::open(dir).with_context(|| dir.display().to_string())?;
+    match super::umount::server_info(dir) {
+        Ok(info) if info.rw => Ok(f),
+        Ok(_) => bail!("{}: the ubtrfs mount is read-only", dir.display()),
+        Err(e) => bail!(
+            "{}: not in a ubtrfs mount ({e}); to work on an unmounted image, give its devices first",
+            dir.display()
+        ),
+    }
+}
+
+/// Send `request` to the mount through directory `dir`; an error says
+/// what the mount's errno means for this request.
+fn send(dir: &std::fs::File, request: &SubvolRequest<'_>) -> Result<()> {
+    send_raw(dir, request).map_err(|e| {
+        let why = match (request, e.raw_os_error().unwrap_or(0)) {
+            (SubvolRequest::Snapshot { .. }, libc::EINVAL) => {
+                "the source is not the root of a subvolume"
+            }
+            (SubvolRequest::Snapshot { .. }, libc::EXDEV) => "the source is not in this mount",
+            (SubvolRequest::Snapshot { .. }, libc::EPERM) => {
+                "only the source's owner (or root) may snapshot it"
+            }
+            (SubvolRequest::Destroy { .. }, libc::EINVAL | libc::ENOTDIR) => "not a subvolume",
+            (SubvolRequest::Destroy { .. }, libc::EPERM) => {
+                "only root deletes subvolumes in a mount, and never the top-level or default one"
+            }
+            (SubvolRequest::Destroy { .. }, libc::EOPNOTSUPP) => {
+                "a file in it is open (or quotas are enabled)"
+            }
+            (SubvolRequest::Destroy { .. }, libc::ENOTEMPTY) => "it holds other subvolumes",
+            (_, libc::EEXIST) => "the name exists",
+            (_, libc::ENOTTY) => "the mount is too old to answer subvolume requests",
+            _ => "",
+        };
+        if why.is_empty() {
+            anyhow::Error::new(e)
+        } else {
+            anyhow::anyhow!("{why} ({e})")
+        }
+    })
+}
+
+fn send_raw(dir: &std::fs::File, request: &SubvolRequest<'_>) -> std::io::Result<()> {
+    let mut args = subvol_ioctl::encode(request);
+    // SAFETY: the ioctl reads at most the size its number encodes, which
+    // is the buffer's (`VOL_ARGS_SIZE`).
+    let rc = unsafe {
+        libc::ioctl(
+            dir.as_raw_fd(),
+            subvol_ioctl::command(request) as _,
+            args.as_mut_ptr(),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn mounted_create(path: &Path) -> Result<()> {
+    let (parent, name) = host_parent_and_name(path)?;
+    let dir = mounted_dir(&parent)?;
+    send(&dir, &SubvolRequest::Create { name: &name })
+        .with_context(|| format!("cannot create subvolume {}", path.display()))?;
+    println!("Create subvolume '{}'", path.display());
+    Ok(())
+}
+
+fn mounted_snapshot(source: &Path, dest: &Path, readonly: bool) -> Result<()> {
+    let src = std::fs::File::open(source).with_context(|| source.display().to_string())?;
+    // Into an existing directory under the source's name, else as DEST.
+    let (parent, name, shown) = if dest.is_dir() {
+        let (_, src_name) = host_parent_and_name(&std::path::absolute(source)?)
+            .context("give the snapshot a name")?;
+        let shown = dest.join(std::ffi::OsStr::from_bytes(&src_name));
+        (dest.to_path_buf(), src_name, shown)
+    } else {
+        let (p, n) = host_parent_and_name(dest)?;
+        (p, n, dest.to_path_buf())
+    };
+    let dir = mounted_dir(&parent)?;
+    // What the kernel still caches for the mount goes to it first, so the
+    // snapshot holds everything written before it.
+    // SAFETY: a plain syscall on a descriptor open for this scope.
+    if unsafe { libc::syncfs(src.as_raw_fd()) } != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("writing back {}", source.display()));
+    }
+    send(
+        &dir,
+        &SubvolRequest::Snapshot {
+            fd: src.as_raw_fd() as i64,
+            name: &name,
+            readonly,
+        },
+    )
+    .with_context(|| {
+        format!(
+            "cannot snapshot {} as {}",
+            source.display(),
+            shown.display()
+        )
+    })?;
+    println!(
+        "Create a {}snapshot of '{}' in '{}'",
+        if readonly { "readonly " } else { "" },
+        source.display(),
+        shown.display()
+    );
+    Ok(())
+}
+
+fn mounted_delete(path: &Path) -> Result<()> {
+    let (parent, name) = host_parent_and_name(path)?;
+    let dir = mounted_dir(&parent)?;
+    send(&dir, &SubvolRequest::Destroy { name: &name })
+        .with_context(|| format!("cannot delete subvolume {}", path.display()))?;
+    // As `btrfs subvolume delete --commit-after`: the deletion is durable.
+    super::umount::commit(&parent)
+        .with_context(|| format!("committing the deletion of {}", path.display()))?;
+    println!("Delete subvolume '{}'", path.display());
+    Ok(())
 }
 
 fn open_rw(devices: &[PathBuf]) -> Result<Filesystem> {
@@ -127,10 +289,10 @@ fn directory(fs: &Filesystem, dir: &[u8]) -> Result<InodeId> {
     Ok(id)
 }
 
-fn create(args: CreateArgs) -> Result<()> {
-    let path = fs_path(&args.path)?;
+fn create(devices: &[PathBuf], path: &Path) -> Result<()> {
+    let path = fs_path(path)?;
     let (dir, name) = parent_and_name(path)?;
-    let fs = open_rw(&args.devices)?;
+    let fs = open_rw(devices)?;
     let parent = directory(&fs, dir)?;
     // SAFETY: getuid and getgid cannot fail.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
@@ -141,13 +303,7 @@ fn create(args: CreateArgs) -> Result<()> {
     Ok(())
 }
 
-fn snapshot(args: SnapshotArgs) -> Result<()> {
-    let [devices @ .., source, dest] = &args.args[..] else {
-        bail!("give the devices, the source subvolume and the destination");
-    };
-    if devices.is_empty() {
-        bail!("give the devices, the source subvolume and the destination");
-    }
+fn snapshot(devices: &[PathBuf], source: &Path, dest: &Path, readonly: bool) -> Result<()> {
     let src_path = fs_path(source)?;
     let dest_path = fs_path(dest)?;
     let fs = open_rw(devices)?;
@@ -173,23 +329,17 @@ fn snapshot(args: SnapshotArgs) -> Result<()> {
             (directory(&fs, d)?, n.to_vec(), crate::util::show(dest_path))
         }
     };
-    fs.create_snapshot(src.subvol, dir, &name, args.readonly)
+    fs.create_snapshot(src.subvol, dir, &name, readonly)
         .with_context(|| format!("cannot snapshot {} as {shown}", crate::util::show(src_path)))?;
     println!(
         "Create a {}snapshot of '{}' in '{shown}'",
-        if args.readonly { "readonly " } else { "" },
+        if readonly { "readonly " } else { "" },
         crate::util::show(src_path)
     );
     Ok(())
 }
 
-fn delete(args: DeleteArgs) -> Result<()> {
-    let [devices @ .., target] = &args.args[..] else {
-        bail!("give the devices and the subvolume to delete");
-    };
-    if devices.is_empty() {
-        bail!("give the devices and the subvolume to delete");
-    }
+fn delete(devices: &[PathBuf], target: &Path) -> Result<()> {
     let path = fs_path(target)?;
     let shown = crate::util::show(path);
     let (dir, name) = parent_and_name(path)

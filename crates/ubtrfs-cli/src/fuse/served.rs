@@ -89,6 +89,19 @@ impl Served {
         }
     }
 
+    /// Make the kernel forget what it caches of `name` in directory `dir`
+    /// (a dentry, or its absence). Never waits for a request the caller
+    /// might be serving.
+    pub fn invalidate_entry(&self, dir: INodeNo, name: &[u8]) {
+        let Some(n) = self.notifier.get() else {
+            return;
+        };
+        use std::os::unix::ffi::OsStrExt;
+        if let Err(e) = n.inval_entry(dir, std::ffi::OsStr::from_bytes(name)) {
+            tracing::trace!("invalidating entry in {}: {e}", dir.0);
+        }
+    }
+
     /// The filesystem, without the lock: only for what never changes
     /// (the superblock, the geometry, the root's identity), for waits
     /// that must not hold it (write throttling), and for the counts of

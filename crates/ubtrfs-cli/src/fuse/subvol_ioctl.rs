@@ -1,0 +1,282 @@
+//! The btrfs ioctls that create, snapshot and delete subvolumes, answered
+//! by the mount: `BTRFS_IOC_SUBVOL_CREATE`, `BTRFS_IOC_SNAP_CREATE(_V2)`
+//! and `BTRFS_IOC_SNAP_DESTROY`, with the argument layouts of the kernel's
+//! (`struct btrfs_ioctl_vol_args` and `_v2`, 4,096 bytes each, so FUSE
+//! passes them as restricted ioctls). `ubtrfs subvolume` uses them on a
+//! mount; btrfs-progs refuses a FUSE mount before it gets this far (it
+//! checks the filesystem type `statfs` reports).
+//!
+//! A snapshot's source comes as a descriptor in the caller's process.
+//! The mount finds the inode behind it in `/proc/PID/fdinfo` (its inode
+//! number and mount) and `/proc/PID/mountinfo` (that mount's device),
+//! reading neither the file nor its path: a lookup through the mount from
+//! a thread serving it could wait for itself.
+//!
+//! As in the kernel: anyone who may add a name to the directory may create
+//! a subvolume there; a snapshot needs the source's owner (or root); only
+//! root deletes (the kernel's default, without `user_subvol_rm_allowed`).
+
+use fuser::Errno;
+use std::path::Path;
+
+/// `_IOW(0x94, 1, struct btrfs_ioctl_vol_args)`.
+pub const BTRFS_IOC_SNAP_CREATE: u32 = 0x5000_9401;
+/// `_IOW(0x94, 14, struct btrfs_ioctl_vol_args)`.
+pub const BTRFS_IOC_SUBVOL_CREATE: u32 = 0x5000_940e;
+/// `_IOW(0x94, 15, struct btrfs_ioctl_vol_args)`.
+pub const BTRFS_IOC_SNAP_DESTROY: u32 = 0x5000_940f;
+/// `_IOW(0x94, 23, struct btrfs_ioctl_vol_args_v2)`.
+pub const BTRFS_IOC_SNAP_CREATE_V2: u32 = 0x5000_9417;
+
+/// Size of both argument structures.
+pub const VOL_ARGS_SIZE: usize = 4096;
+/// Where the name starts: after the descriptor (`vol_args`), or after the
+/// descriptor, transid, flags and four reserved words (`vol_args_v2`).
+const NAME_AT: usize = 8;
+const NAME_AT_V2: usize = 56;
+/// `BTRFS_SUBVOL_RDONLY` in `vol_args_v2.flags`.
+pub const SUBVOL_RDONLY: u64 = 1 << 1;
+/// Longest name in a directory.
+const NAME_MAX: usize = 255;
+
+/// A request decoded from its arguments.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SubvolRequest<'a> {
+    /// A new empty subvolume `name` in the directory.
+    Create { name: &'a [u8] },
+    /// A snapshot of the subvolume open as `fd` in the caller, as `name`.
+    Snapshot {
+        fd: i64,
+        name: &'a [u8],
+        readonly: bool,
+    },
+    /// Delete the subvolume `name` in the directory.
+    Destroy { name: &'a [u8] },
+}
+
+/// Decode `cmd`'s arguments; `None` if `cmd` is none of these ioctls.
+pub fn decode(cmd: u32, args: &[u8]) -> Option<Result<SubvolRequest<'_>, Errno>> {
+    let v2 = cmd == BTRFS_IOC_SNAP_CREATE_V2;
+    if !matches!(
+        cmd,
+        BTRFS_IOC_SNAP_CREATE
+            | BTRFS_IOC_SUBVOL_CREATE
+            | BTRFS_IOC_SNAP_DESTROY
+            | BTRFS_IOC_SNAP_CREATE_V2
+    ) {
+        return None;
+    }
+    Some((|| {
+        if args.len() < VOL_ARGS_SIZE {
+            return Err(Errno::EINVAL);
+        }
+        let word = |at: usize| u64::from_le_bytes(args[at..at + 8].try_into().unwrap_or_default());
+        let name = name(&args[if v2 { NAME_AT_V2 } else { NAME_AT }..VOL_ARGS_SIZE])?;
+        Ok(match cmd {
+            BTRFS_IOC_SUBVOL_CREATE => SubvolRequest::Create { name },
+            BTRFS_IOC_SNAP_DESTROY => SubvolRequest::Destroy { name },
+            _ => {
+                let flags = if v2 { word(16) } else { 0 };
+                // Quota group inheritance and the rest are not kept here.
+                if flags & !SUBVOL_RDONLY != 0 {
+                    return Err(Errno::EOPNOTSUPP);
+                }
+                SubvolRequest::Snapshot {
+                    fd: word(0) as i64,
+                    name,
+                    readonly: flags & SUBVOL_RDONLY != 0,
+                }
+            }
+        })
+    })())
+}
+
+/// The NUL-terminated name of a `vol_args`: one path component.
+fn name(field: &[u8]) -> Result<&[u8], Errno> {
+    let end = field
+        .iter()
+        .position(|&b| b == 0)
+        .ok_or(Errno::ENAMETOOLONG)?;
+    let name = &field[..end];
+    if name.len() > NAME_MAX {
+        return Err(Errno::ENAMETOOLONG);
+    }
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') {
+        return Err(Errno::EINVAL);
+    }
+    Ok(name)
+}
+
+/// The arguments of a request, as a caller passes them.
+pub fn encode(req: &SubvolRequest<'_>) -> Vec<u8> {
+    let mut args = vec![0u8; VOL_ARGS_SIZE];
+    let (at, name) = match req {
+        SubvolRequest::Create { name } | SubvolRequest::Destroy { name } => (NAME_AT, name),
+        SubvolRequest::Snapshot { fd, name, readonly } => {
+            args[..8].copy_from_slice(&fd.to_le_bytes());
+            if *readonly {
+                args[16..24].copy_from_slice(&SUBVOL_RDONLY.to_le_bytes());
+            }
+            (NAME_AT_V2, name)
+        }
+    };
+    let n = name.len().min(VOL_ARGS_SIZE - at - 1);
+    args[at..at + n].copy_from_slice(&name[..n]);
+    args
+}
+
+/// The ioctl number for a request ([`BTRFS_IOC_SNAP_CREATE_V2`] for
+/// snapshots).
+pub fn command(req: &SubvolRequest<'_>) -> u32 {
+    match req {
+        SubvolRequest::Create { .. } => BTRFS_IOC_SUBVOL_CREATE,
+        SubvolRequest::Snapshot { .. } => BTRFS_IOC_SNAP_CREATE_V2,
+        SubvolRequest::Destroy { .. } => BTRFS_IOC_SNAP_DESTROY,
+    }
+}
+
+/// The device (`major:minor` of its superblock) and inode number of the
+/// file open as `fd` in process `pid`.
+pub fn open_file(pid: u32, fd: i64) -> Result<((u32, u32), u64), Errno> {
+    if fd < 0 {
+        return Err(Errno::EBADF);
+    }
+    let info =
+        std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).map_err(|_| Errno::EBADF)?;
+    let field = |key: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    let (Some(mnt_id), Some(ino)) = (field("mnt_id:"), field("ino:")) else {
+        return Err(Errno::EBADF);
+    };
+    let mounts =
+        std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).map_err(|_| Errno::EBADF)?;
+    let dev = mounts
+        .lines()
+        .find_map(|l| {
+            let mut f = l.split(' ');
+            (f.next()?.parse::<u64>().ok()? == mnt_id).then(|| parse_dev(f.nth(1)?))?
+        })
+        .ok_or(Errno::EBADF)?;
+    Ok((dev, ino))
+}
+
+/// The device of the mount at `mountpoint` in this process's view (the
+/// last one mounted there).
+pub fn mount_device(mountpoint: &Path) -> Option<(u32, u32)> {
+    let want = escape(&mountpoint.to_string_lossy());
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .ok()?
+        .lines()
+        .rev()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.get(4) == Some(&want.as_str())).then(|| parse_dev(f.get(2)?))?
+        })
+}
+
+fn parse_dev(s: &str) -> Option<(u32, u32)> {
+    let (a, b) = s.split_once(':')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
+}
+
+/// A path as mountinfo writes it (space, tab, newline and backslash in octal).
+fn escape(p: &str) -> String {
+    let mut out = String::with_capacity(p.len());
+    for c in p.chars() {
+        match c {
+            ' ' | '\t' | '\n' | '\\' => out.push_str(&format!("\\{:03o}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip_through_their_arguments() {
+        for req in [
+            SubvolRequest::Create { name: b"vol" },
+            SubvolRequest::Destroy { name: b"old snap" },
+            SubvolRequest::Snapshot {
+                fd: 7,
+                name: b"s",
+                readonly: true,
+            },
+            SubvolRequest::Snapshot {
+                fd: 3,
+                name: b"t",
+                readonly: false,
+            },
+        ] {
+            let args = encode(&req);
+            assert_eq!(args.len(), VOL_ARGS_SIZE);
+            assert_eq!(decode(command(&req), &args), Some(Ok(req)));
+        }
+        assert_eq!(decode(0x9408, &[0; VOL_ARGS_SIZE]), None);
+    }
+
+    #[test]
+    fn bad_names_and_flags_are_refused() {
+        let with = |cmd: u32, at: usize, name: &[u8]| {
+            let mut a = vec![0u8; VOL_ARGS_SIZE];
+            a[at..at + name.len()].copy_from_slice(name);
+            decode(cmd, &a).unwrap().map(|_| ())
+        };
+        for bad in [&b""[..], b".", b"..", b"a/b"] {
+            assert_eq!(
+                with(BTRFS_IOC_SUBVOL_CREATE, NAME_AT, bad),
+                Err(Errno::EINVAL)
+            );
+        }
+        assert_eq!(
+            with(BTRFS_IOC_SUBVOL_CREATE, NAME_AT, &[b'x'; 256]),
+            Err(Errno::ENAMETOOLONG)
+        );
+        // No NUL anywhere in the name field.
+        let full = vec![b'x'; VOL_ARGS_SIZE];
+        assert_eq!(
+            decode(BTRFS_IOC_SNAP_DESTROY, &full),
+            Some(Err(Errno::ENAMETOOLONG))
+        );
+        assert_eq!(
+            decode(BTRFS_IOC_SNAP_DESTROY, &[0; 100]),
+            Some(Err(Errno::EINVAL))
+        );
+        // Quota group inheritance (flag 1 << 2) is not supported.
+        let mut a = encode(&SubvolRequest::Snapshot {
+            fd: 1,
+            name: b"s",
+            readonly: false,
+        });
+        a[16] = 4;
+        assert_eq!(
+            decode(BTRFS_IOC_SNAP_CREATE_V2, &a),
+            Some(Err(Errno::EOPNOTSUPP))
+        );
+    }
+
+    #[test]
+    fn an_open_directory_is_found_by_device_and_inode() {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::MetadataExt;
+        let dir = std::fs::File::open("/proc").unwrap();
+        let meta = dir.metadata().unwrap();
+        let (dev, ino) = open_file(std::process::id(), dir.as_raw_fd() as i64).unwrap();
+        assert_eq!(ino, meta.ino());
+        assert_eq!(
+            dev,
+            (
+                libc::major(meta.dev() as libc::dev_t),
+                libc::minor(meta.dev() as libc::dev_t)
+            )
+        );
+        assert_eq!(open_file(std::process::id(), 1 << 20), Err(Errno::EBADF));
+        assert_eq!(escape("/a b\\c"), "/a\\040b\\134c");
+    }
+}

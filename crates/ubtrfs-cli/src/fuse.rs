@@ -191,6 +191,8 @@ pub struct FuseFs {
     rings: Arc<std::sync::Mutex<Option<fuse_ring::Rings>>>,
     /// Where the mount is (see [`Options::mountpoint`]).
     mountpoint: Arc<std::path::PathBuf>,
+    /// The mount's device, read from `/proc/self/mountinfo` once mounted.
+    mount_dev: Arc<OnceLock<(u32, u32)>>,
 }
 
 /// Capabilities the kernel agreed to at init (set once, before any other
@@ -256,6 +258,7 @@ impl FuseFs {
             uring_wanted: opts.uring,
             rings: Arc::default(),
             mountpoint: Arc::new(opts.mountpoint),
+            mount_dev: Arc::default(),
         }
     }
 
@@ -1311,10 +1314,27 @@ impl FuseFs {
             self.stats.count(Counter::Ioctl);
         }
         if let Some(request) = subvol_ioctl::decode(cmd, in_data) {
-            return match request.and_then(|r| self.subvol_request(req, ino, r)) {
-                Ok(()) => reply.ioctl(0, &[]),
-                Err(e) => reply.error(e),
+            let request = match request {
+                Ok(r) => r,
+                Err(e) => return reply.error(e),
             };
+            // Served, and the kernel's cache of the name dropped, on a
+            // thread that serves no requests (see `subvol_ioctl`).
+            let (me, caller) = (self.clone(), *req);
+            let spawned = std::thread::Builder::new()
+                .name("subvolume".into())
+                .spawn(move || match me.subvol_request(&caller, ino, &request) {
+                    Ok(()) => {
+                        me.served.invalidate_entry(ino, request.name());
+                        me.served.invalidate_attrs(ino);
+                        reply.ioctl(0, &[])
+                    }
+                    Err(e) => reply.error(e),
+                });
+            if let Err(e) = spawned {
+                tracing::warn!("no thread for a subvolume request: {e}");
+            }
+            return;
         }
         match cmd {
             control::UBTRFS_IOC_SERVER_INFO => {
@@ -1363,6 +1383,37 @@ impl FuseFs {
                     Err(e) => reply.error(e),
                 }
             }
+            control::UBTRFS_IOC_SUBVOL_LIST => {
+                if req.uid() != 0 {
+                    return reply.error(Errno::EPERM);
+                }
+                let after = in_data
+                    .get(..8)
+                    .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or_default()));
+                let listed = self.served.read(|fs| {
+                    let all = fs.subvolumes().map_err(errno)?;
+                    let mut out = Vec::new();
+                    for s in all.iter().filter(|s| s.id > after) {
+                        out.push(control::ListedSubvol {
+                            id: s.id,
+                            parent: s.parent,
+                            generation: s.generation,
+                            readonly: s.readonly,
+                            path: fs.subvolume_path(&all, s.id).map_err(errno)?,
+                        });
+                        // More than fit in one reply are never sent.
+                        if out.len() * 37 > control::LIST_SIZE {
+                            break;
+                        }
+                    }
+                    out.sort_by_key(|s| s.id);
+                    Ok(out)
+                });
+                match listed {
+                    Ok(l) => reply.ioctl(0, &control::encode_list(&l)),
+                    Err(e) => reply.error(e),
+                }
+            }
             // `btrfs filesystem sync`, `ubtrfs sync`: the kernel never sends
             // FUSE_SYNCFS to a mount like this one (only to virtiofs), so
             // syncfs(2) writes back to the mount but cannot make it commit.
@@ -1391,72 +1442,85 @@ impl FuseFs {
         &self,
         req: &Caller,
         ino: INodeNo,
-        request: subvol_ioctl::SubvolRequest<'_>,
+        request: &subvol_ioctl::SubvolRequest,
     ) -> Result<(), Errno> {
         use subvol_ioctl::SubvolRequest;
         if !self.served.writable() {
             return Err(Errno::EROFS);
         }
+        if req.uid() != 0 {
+            return Err(Errno::EPERM);
+        }
         let dir = self.inode_of(ino);
-        // The snapshot's source, found before any lock is taken.
-        let source = match &request {
-            SubvolRequest::Snapshot { fd, .. } => {
+        let name = request.name();
+        match request {
+            SubvolRequest::Create { .. } => {
+                // The kernel applies the caller's umask to the new root.
+                let mode = 0o777 & !caller_umask(req.pid()).unwrap_or(0o022);
+                self.served.write(|fs| {
+                    if self.stat(fs, ino)?.kind != FileKind::Dir {
+                        return Err(Errno::ENOTDIR);
+                    }
+                    let root = fs
+                        .create_subvolume(dir, name, req.uid(), req.gid())
+                        .map_err(errno)?;
+                    if mode != 0o755 {
+                        let m = ubtrfs::fs::SetAttr {
+                            mode: Some(mode),
+                            ..Default::default()
+                        };
+                        fs.setattr(root, m).map_err(errno)?;
+                    }
+                    Ok(())
+                })
+            }
+            SubvolRequest::Snapshot { fd, readonly, .. } => {
+                // The source, found before any lock is taken.
                 let (dev, src_ino) = subvol_ioctl::open_file(req.pid(), *fd)?;
-                if subvol_ioctl::mount_device(&self.mountpoint) != Some(dev) {
+                let here = self
+                    .mount_dev
+                    .get()
+                    .copied()
+                    .or_else(|| subvol_ioctl::mount_device(&self.mountpoint));
+                if here != Some(dev) {
                     return Err(Errno::EXDEV);
                 }
-                Some(self.inode_of(INodeNo(src_ino)))
-            }
-            _ => None,
-        };
-        let name = match &request {
-            SubvolRequest::Create { name }
-            | SubvolRequest::Snapshot { name, .. }
-            | SubvolRequest::Destroy { name } => *name,
-        };
-        self.served.write(|fs| {
-            let st = self.stat(fs, ino)?;
-            if st.kind != FileKind::Dir {
-                return Err(Errno::ENOTDIR);
-            }
-            let w_x = AccessFlags::W_OK | AccessFlags::X_OK;
-            if !permitted(&st, req.uid(), req.gid(), w_x) {
-                return Err(Errno::EACCES);
-            }
-            match request {
-                SubvolRequest::Create { .. } => fs
-                    .create_subvolume(dir, name, req.uid(), req.gid())
-                    .map(drop)
-                    .map_err(errno),
-                SubvolRequest::Snapshot { readonly, .. } => {
-                    let src = source.ok_or(Errno::EBADF)?;
-                    let src_st = fs.stat(src).map_err(errno)?;
+                let src = self.inode_of(INodeNo(src_ino));
+                // Commits inside: a failure there is a failed commit.
+                self.served.write_committing("snapshot", |fs| {
+                    if fs.stat(dir)?.kind != FileKind::Dir {
+                        return Err(ubtrfs::Error::NotDir(format!("inode {}", dir.ino)));
+                    }
+                    fs.stat(src)?;
                     if src.ino != ubtrfs::format::consts::FIRST_INODE {
-                        return Err(Errno::EINVAL);
+                        return Err(ubtrfs::Error::Invalid("not a subvolume root".into()));
                     }
-                    // Anyone may create a subvolume; only its owner
-                    // snapshots one.
-                    if req.uid() != 0 && req.uid() != src_st.uid {
-                        return Err(Errno::EPERM);
-                    }
-                    fs.create_snapshot(src.subvol, dir, name, readonly)
+                    fs.create_snapshot(src.subvol, dir, name, *readonly)
                         .map(drop)
-                        .map_err(errno)
-                }
-                SubvolRequest::Destroy { .. } => {
-                    if req.uid() != 0 {
-                        return Err(Errno::EPERM);
-                    }
-                    fs.delete_subvolume(dir, name, false).map_err(errno)
-                }
+                })
             }
-        })?;
-        // The kernel may hold the name as absent (or, deleted, present),
-        // and the directory's old attributes.
-        self.served.invalidate_entry(ino, name);
-        self.served.invalidate_attrs(ino);
-        Ok(())
+            SubvolRequest::Destroy { .. } => {
+                self.served.write_committing("subvolume deletion", |fs| {
+                    fs.delete_subvolume(dir, name, false)
+                })
+            }
+        }
     }
+
+    /// Learn the mount's device, once mounted (snapshot sources are
+    /// checked against it).
+    pub fn note_mounted(&self) {
+        if let Some(dev) = subvol_ioctl::mount_device(&self.mountpoint) {
+            let _ = self.mount_dev.set(dev);
+        }
+    }
+}
+
+/// The umask of process `pid`, from `/proc/PID/status`.
+fn caller_umask(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let v = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+    u32::from_str_radix(v.trim(), 8).ok()
 }
 
 /// `FS_IOC_GETFLAGS` / `FS_IOC_SETFLAGS` (the long-sized encoding).

@@ -3,9 +3,11 @@
 //! go in the mount at once, a snapshot holds what was written just before
 //! it (still in the kernel's cache until the command wrote it back), a
 //! read-only one refuses writes, wrong requests fail with a message and
-//! change nothing, another user gets the kernel's permission rules, and
-//! afterwards `btrfs check` is clean and the kernel lists and reads the
-//! same subvolumes.
+//! change nothing, only root may change subvolumes through the mount (and
+//! not through a read-only bind mount of it), `ubtrfs subvolume list`
+//! shows them, and afterwards `btrfs check` is clean and the kernel lists
+//! (as `ubtrfs subvolume list` of the image does) and reads the same
+//! subvolumes.
 
 mod common;
 
@@ -136,8 +138,7 @@ fn subvolumes_come_and_go_on_a_live_mount() {
         fails(&["subvolume", "delete", &p(&mnt, "top")], "open");
     }
 
-    // Another user: creates where it may write, snapshots only its own,
-    // deletes nothing.
+    // Another user: refused, whatever the directory allows.
     std::fs::create_dir(mnt.join("user")).unwrap();
     std::os::unix::fs::chown(mnt.join("user"), Some(1000), Some(1000)).unwrap();
     let as_user = |args: &[&str]| {
@@ -148,45 +149,65 @@ fn subvolumes_come_and_go_on_a_live_mount() {
             .output()
             .unwrap()
     };
-    let out = as_user(&["subvolume", "create", &p(&mnt, "user/mine")]);
+    for args in [
+        &["subvolume", "create", &p(&mnt, "user/mine")][..],
+        &["subvolume", "snapshot", &p(&mnt, "vol"), &p(&mnt, "user/v")],
+        &["subvolume", "delete", &p(&mnt, "snaps/vol")],
+        &["subvolume", "list", &p(&mnt, "user")],
+    ] {
+        let out = as_user(args);
+        assert!(
+            !out.status.success() && show(&out).contains("only root"),
+            "{args:?}: {}",
+            show(&out)
+        );
+    }
+    assert!(!mnt.join("user/mine").exists() && !mnt.join("user/v").exists());
+    assert!(mnt.join("snaps/vol").exists());
+
+    // The caller's umask, as the kernel applies it.
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "umask 077 && exec '{}' subvolume create '{}'",
+            common::ubtrfs_bin(),
+            p(&mnt, "user/private")
+        ))
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", show(&out));
-    assert_eq!(
-        std::fs::metadata(mnt.join("user/mine")).unwrap().uid(),
-        1000
-    );
-    let out = as_user(&["subvolume", "create", &p(&mnt, "theirs")]);
-    assert!(
-        !out.status.success() && show(&out).contains("ermission denied"),
-        "{}",
-        show(&out)
-    );
-    let out = as_user(&[
-        "subvolume",
-        "snapshot",
-        &p(&mnt, "user/mine"),
-        &p(&mnt, "user/copy"),
-    ]);
-    assert!(out.status.success(), "{}", show(&out));
-    let out = as_user(&["subvolume", "snapshot", &p(&mnt, "vol"), &p(&mnt, "user/v")]);
-    assert!(
-        !out.status.success() && show(&out).contains("owner"),
-        "{}",
-        show(&out)
-    );
-    let out = as_user(&["subvolume", "delete", &p(&mnt, "user/copy")]);
-    assert!(
-        !out.status.success() && show(&out).contains("root"),
-        "{}",
-        show(&out)
-    );
+    let private = std::fs::metadata(mnt.join("user/private")).unwrap();
+    assert_eq!(private.mode() & 0o7777, 0o700);
+
+    // Through a read-only bind mount of the mount: refused.
+    let bind = t.join("bind");
+    std::fs::create_dir(&bind).unwrap();
+    let sh = |cmd: String| {
+        let out = Command::new("sh").arg("-c").arg(&cmd).output().unwrap();
+        assert!(out.status.success(), "{cmd}: {}", show(&out));
+    };
+    sh(format!(
+        "mount --bind '{}' '{}' && mount -o remount,bind,ro '{}'",
+        mnt.display(),
+        bind.display(),
+        bind.display()
+    ));
+    fails(&["subvolume", "create", &p(&bind, "via-ro")], "read-only");
+    sh(format!("umount '{}'", bind.display()));
+    assert!(!mnt.join("via-ro").exists());
 
     // Deleted: gone from the mount at once, and durable.
     let out = ok(&["subvolume", "delete", &p(&mnt, "ro")]);
     assert!(out.contains("Delete subvolume"), "{out}");
     assert!(!mnt.join("ro").exists());
-    ok(&["subvolume", "delete", &p(&mnt, "user/copy")]);
+    // The mount's list, as the kernel will show it below.
+    let listed = ok(&["subvolume", "list", mnt.to_str().unwrap()]);
+    let ro_listed = ok(&["subvolume", "list", "-r", &p(&mnt, "vol")]);
+    assert!(ro_listed.trim().is_empty(), "{ro_listed}");
     m.unmount().unwrap();
     check_image(&img);
+    let offline = ok(&["subvolume", "list", img.to_str().unwrap()]);
+    assert_eq!(offline, listed, "the image's list and the mount's");
 
     // The kernel sees the same subvolumes and content.
     let kmnt = t.join("kmnt");
@@ -208,7 +229,12 @@ fn subvolumes_come_and_go_on_a_live_mount() {
         .filter_map(|l| l.split(" path ").nth(1))
         .collect();
     paths.sort();
-    assert_eq!(paths, ["snaps/vol", "top", "user/mine", "vol"], "{all}");
+    assert_eq!(paths, ["snaps/vol", "top", "user/private", "vol"], "{all}");
+    // ID, generation, parent and path: the kernel's list line by line.
+    assert_eq!(
+        listed, all,
+        "ubtrfs subvolume list against btrfs subvolume list"
+    );
     assert!(
         String::from_utf8_lossy(&list.stdout).trim().is_empty(),
         "the read-only snapshot was deleted: {}",
@@ -221,4 +247,63 @@ fn subvolumes_come_and_go_on_a_live_mount() {
         b"just before\n"
     );
     k.unmount().unwrap();
+}
+
+/// Subvolumes created and deleted in a directory while another process
+/// makes and removes directories there, on a mount with one thread
+/// serving requests: the kernel takes the directory's lock to drop a
+/// deleted name, and the thread serving the `mkdir` of the lock's holder
+/// must not be the one waiting for it. Fails (the mount aborted) if the
+/// work has not finished within a minute.
+#[test]
+fn subvolume_requests_beside_directory_changes_finish() {
+    require_privileged!();
+    let t = TestDir::new("subvolume-mount-busy").unwrap();
+    let img = common::new_image(&t, "disk.img", 512 << 20);
+    let mnt = t.join("mnt");
+    let m = start_mount(&img, &mnt, &["--threads", "1", "-o", "nouring"]);
+    std::fs::create_dir(mnt.join("d")).unwrap();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churn = {
+        let (d, done) = (mnt.join("d"), done.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let x = d.join(format!("x{}", n % 4));
+                let _ = std::fs::create_dir(&x);
+                let _ = std::fs::remove_dir(&x);
+                n += 1;
+            }
+            n
+        })
+    };
+    // Read now: a stat of a hung mount would hang too.
+    let conn = libc::minor(std::fs::metadata(&mnt).unwrap().dev());
+    let watchdog = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let start = std::time::Instant::now();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                if start.elapsed() > std::time::Duration::from_secs(60) {
+                    // Unstick the test: abort the mount's connection.
+                    let _ = std::fs::write(format!("/sys/fs/fuse/connections/{conn}/abort"), b"1");
+                    return false;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            true
+        })
+    };
+    for i in 0..40 {
+        let s = p(&mnt, &format!("d/s{i}"));
+        ok(&["subvolume", "create", &s]);
+        ok(&["subvolume", "delete", &s]);
+        assert!(!Path::new(&s).exists(), "{s} is gone at once");
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let churned = churn.join().unwrap();
+    assert!(watchdog.join().unwrap(), "the mount hung");
+    assert!(churned > 0);
+    m.unmount().unwrap();
+    check_image(&img);
 }

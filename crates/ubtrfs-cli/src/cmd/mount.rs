@@ -499,6 +499,7 @@ fn serve(
         let mut session = fuser::Session::new(fuse, mountpoint, config).with_context(|| {
             format!("cannot mount {} on {}", list(devices), mountpoint.display())
         })?;
+        serving.note_mounted();
         // Before any request is served: a change may need to tell the
         // kernel what it caches (a killed set-user-ID bit).
         served.set_notifier(session.notifier());

@@ -22,6 +22,28 @@ pub enum Command {
     Snapshot(SnapshotArgs),
     /// Delete subvolumes or snapshots, with their content.
     Delete(DeleteArgs),
+    /// List the subvolumes and snapshots.
+    List(ListArgs),
+}
+
+/// Arguments of `subvolume list`.
+#[derive(clap::Args, Debug)]
+#[command(
+    override_usage = "ubtrfs subvolume list [-r] <PATH>\n       ubtrfs subvolume list [-r] <DEV>...",
+    after_help = "\
+Lists every subvolume and snapshot but the top level, by id, as `btrfs \
+subvolume list` does: its id, generation, the id of the subvolume holding \
+it and its path from the top level. PATH is a directory in a ubtrfs mount \
+(root only, as the kernel's listing); else the arguments are the devices \
+of a filesystem that is not mounted."
+)]
+pub struct ListArgs {
+    /// Only read-only subvolumes and snapshots.
+    #[arg(short = 'r', long = "readonly")]
+    readonly: bool,
+    /// A directory in a ubtrfs mount, or the filesystem's devices.
+    #[arg(required = true, num_args = 1.., value_name = "ARG")]
+    args: Vec<PathBuf>,
 }
 
 /// Arguments of `subvolume create`.
@@ -96,12 +118,94 @@ pub fn run(command: Command) -> Result<()> {
             [devices @ .., source, dest] => snapshot(devices, source, dest, a.readonly),
             _ => bail!("give the source subvolume and the destination"),
         },
+        Command::List(a) => list_subvolumes(&a),
         Command::Delete(a) => match &a.args[..] {
             [path] => mounted_delete(path),
             [devices @ .., path] => delete(devices, path),
             [] => bail!("give the subvolume to delete"),
         },
     }
+}
+
+fn list_subvolumes(a: &ListArgs) -> Result<()> {
+    use crate::fuse::control::{self, ListedSubvol};
+    let listed: Vec<ListedSubvol> = match &a.args[..] {
+        [dir] if dir.is_dir() => {
+            let f = std::fs::File::open(dir).with_context(|| dir.display().to_string())?;
+            super::umount::server_info(dir).map_err(|e| {
+                anyhow::anyhow!(
+                    "{}: not in a ubtrfs mount ({e}); to list an unmounted image, give its devices",
+                    dir.display()
+                )
+            })?;
+            let mut all = Vec::new();
+            let mut after = 0u64;
+            loop {
+                let mut buf = vec![0u8; control::LIST_SIZE];
+                buf[..8].copy_from_slice(&after.to_le_bytes());
+                // SAFETY: the ioctl reads and writes at most the size its
+                // number encodes, which is the buffer's.
+                let rc = unsafe {
+                    libc::ioctl(
+                        f.as_raw_fd(),
+                        control::UBTRFS_IOC_SUBVOL_LIST as _,
+                        buf.as_mut_ptr(),
+                    )
+                };
+                if rc != 0 {
+                    let e = std::io::Error::last_os_error();
+                    if e.raw_os_error() == Some(libc::EPERM) {
+                        bail!(
+                            "{}: only root lists the subvolumes of a mount",
+                            dir.display()
+                        );
+                    }
+                    return Err(e).with_context(|| format!("listing {}", dir.display()));
+                }
+                let page = control::decode_list(&buf)
+                    .with_context(|| format!("{}: the mount's list is cut short", dir.display()))?;
+                let Some(last) = page.last().map(|s| s.id) else {
+                    break;
+                };
+                if last <= after {
+                    bail!("{}: the mount's list does not go on", dir.display());
+                }
+                after = last;
+                all.extend(page);
+            }
+            all
+        }
+        devices => {
+            let fs = Filesystem::open(devices)
+                .with_context(|| format!("cannot open a btrfs filesystem on {}", list(devices)))?;
+            let all = fs.subvolumes().context("reading the subvolumes")?;
+            let mut out = Vec::with_capacity(all.len());
+            for s in &all {
+                out.push(ListedSubvol {
+                    id: s.id,
+                    parent: s.parent,
+                    generation: s.generation,
+                    readonly: s.readonly,
+                    path: fs
+                        .subvolume_path(&all, s.id)
+                        .with_context(|| format!("the path of subvolume {}", s.id))?,
+                });
+            }
+            out
+        }
+    };
+    let mut listed = listed;
+    listed.sort_by_key(|s| s.id);
+    for s in listed.iter().filter(|s| !a.readonly || s.readonly) {
+        println!(
+            "ID {} gen {} top level {} path {}",
+            s.id,
+            s.generation,
+            s.parent,
+            crate::util::show(&s.path)
+        );
+    }
+    Ok(())
 }
 
 /// `path`'s parent directory (`.` for a bare name) and last name, on the
@@ -121,6 +225,13 @@ fn host_parent_and_name(path: &Path) -> Result<(PathBuf, Vec<u8>)> {
 /// Open `dir`, a directory in a writable ubtrfs mount.
 fn mounted_dir(dir: &Path) -> Result<std::fs::File> {
     let f = std::fs::File::open(dir).with_context(|| dir.display().to_string())?;
+    // The mount cannot see a read-only bind mount the caller went through.
+    // SAFETY: statvfs fills the struct it is given; the descriptor is open.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstatvfs(f.as_raw_fd(), &mut st) } == 0 && st.f_flag & libc::ST_RDONLY != 0 {
+        bail!("{}: read-only mount", dir.display());
+    }
     match super::umount::server_info(dir) {
         Ok(info) if info.rw => Ok(f),
         Ok(_) => bail!("{}: the ubtrfs mount is read-only", dir.display()),
@@ -133,19 +244,19 @@ fn mounted_dir(dir: &Path) -> Result<std::fs::File> {
 
 /// Send `request` to the mount through directory `dir`; an error says
 /// what the mount's errno means for this request.
-fn send(dir: &std::fs::File, request: &SubvolRequest<'_>) -> Result<()> {
+fn send(dir: &std::fs::File, request: &SubvolRequest) -> Result<()> {
     send_raw(dir, request).map_err(|e| {
         let why = match (request, e.raw_os_error().unwrap_or(0)) {
             (SubvolRequest::Snapshot { .. }, libc::EINVAL) => {
                 "the source is not the root of a subvolume"
             }
             (SubvolRequest::Snapshot { .. }, libc::EXDEV) => "the source is not in this mount",
-            (SubvolRequest::Snapshot { .. }, libc::EPERM) => {
-                "only the source's owner (or root) may snapshot it"
+            (_, libc::EPERM) if !is_root() => {
+                "in a mount, only root creates, snapshots and deletes subvolumes"
             }
             (SubvolRequest::Destroy { .. }, libc::EINVAL | libc::ENOTDIR) => "not a subvolume",
             (SubvolRequest::Destroy { .. }, libc::EPERM) => {
-                "only root deletes subvolumes in a mount, and never the top-level or default one"
+                "the top-level and the default subvolume are never deleted"
             }
             (SubvolRequest::Destroy { .. }, libc::EOPNOTSUPP) => {
                 "a file in it is open (or quotas are enabled)"
@@ -163,7 +274,7 @@ fn send(dir: &std::fs::File, request: &SubvolRequest<'_>) -> Result<()> {
     })
 }
 
-fn send_raw(dir: &std::fs::File, request: &SubvolRequest<'_>) -> std::io::Result<()> {
+fn send_raw(dir: &std::fs::File, request: &SubvolRequest) -> std::io::Result<()> {
     let mut args = subvol_ioctl::encode(request);
     // SAFETY: the ioctl reads at most the size its number encodes, which
     // is the buffer's (`VOL_ARGS_SIZE`).
@@ -181,10 +292,15 @@ fn send_raw(dir: &std::fs::File, request: &SubvolRequest<'_>) -> std::io::Result
     }
 }
 
+fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
 fn mounted_create(path: &Path) -> Result<()> {
     let (parent, name) = host_parent_and_name(path)?;
     let dir = mounted_dir(&parent)?;
-    send(&dir, &SubvolRequest::Create { name: &name })
+    send(&dir, &SubvolRequest::Create { name })
         .with_context(|| format!("cannot create subvolume {}", path.display()))?;
     println!("Create subvolume '{}'", path.display());
     Ok(())
@@ -214,7 +330,7 @@ fn mounted_snapshot(source: &Path, dest: &Path, readonly: bool) -> Result<()> {
         &dir,
         &SubvolRequest::Snapshot {
             fd: src.as_raw_fd() as i64,
-            name: &name,
+            name,
             readonly,
         },
     )
@@ -237,7 +353,7 @@ fn mounted_snapshot(source: &Path, dest: &Path, readonly: bool) -> Result<()> {
 fn mounted_delete(path: &Path) -> Result<()> {
     let (parent, name) = host_parent_and_name(path)?;
     let dir = mounted_dir(&parent)?;
-    send(&dir, &SubvolRequest::Destroy { name: &name })
+    send(&dir, &SubvolRequest::Destroy { name })
         .with_context(|| format!("cannot delete subvolume {}", path.display()))?;
     // As `btrfs subvolume delete --commit-after`: the deletion is durable.
     super::umount::commit(&parent)

@@ -12,6 +12,88 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub const UBTRFS_IOC_SERVER_INFO: u32 =
     (2 << 30) | (((INFO_WORDS * 8) as u32) << 16) | ((b'u' as u32) << 8) | 0xe0;
 
+/// `_IOWR('u', 0xe1, [u8; LIST_SIZE])`: the subvolumes, as `ubtrfs
+/// subvolume list` shows them. In: the id to list after (a `u64`, 0 from
+/// the start). Out: a `u32` count, then per subvolume, in id order, as many
+/// as fit: id, parent id, generation and flags (bit 0: read-only; bit 1:
+/// the path was too long for the reply and is cut) as
+/// `u64`s, the path's length as a `u32` and the path from the top level.
+/// Ask again after the last id until the count is 0. Root only, as the
+/// kernel's tree search is.
+pub const UBTRFS_IOC_SUBVOL_LIST: u32 =
+    (3 << 30) | ((LIST_SIZE as u32) << 16) | ((b'u' as u32) << 8) | 0xe1;
+/// Size of the list ioctl's buffer.
+pub const LIST_SIZE: usize = 8192;
+
+/// One subvolume of [`UBTRFS_IOC_SUBVOL_LIST`]'s reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListedSubvol {
+    pub id: u64,
+    pub parent: u64,
+    pub generation: u64,
+    pub readonly: bool,
+    /// From the top level, without a leading '/'.
+    pub path: Vec<u8>,
+}
+
+/// Pack `subvols` (in id order, all above the asked id) into a reply.
+pub fn encode_list(subvols: &[ListedSubvol]) -> Vec<u8> {
+    let mut out = vec![0u8; 4];
+    let mut n = 0u32;
+    for s in subvols {
+        let mut path = &s.path[..];
+        let mut flags = u64::from(s.readonly);
+        if out.len() + 36 + path.len() > LIST_SIZE {
+            if n > 0 {
+                break;
+            }
+            // Alone and still too long: its path is cut (flag bit 1), so
+            // the list goes on.
+            path = &path[..LIST_SIZE - 40];
+            flags |= 2;
+        }
+        for w in [s.id, s.parent, s.generation, flags] {
+            out.extend_from_slice(&w.to_le_bytes());
+        }
+        out.extend_from_slice(&(path.len() as u32).to_le_bytes());
+        out.extend_from_slice(path);
+        n += 1;
+    }
+    out[..4].copy_from_slice(&n.to_le_bytes());
+    out
+}
+
+/// Unpack a reply of [`UBTRFS_IOC_SUBVOL_LIST`]; `None` if it is cut short.
+pub fn decode_list(buf: &[u8]) -> Option<Vec<ListedSubvol>> {
+    let u64_at = |at: usize| Some(u64::from_le_bytes(buf.get(at..at + 8)?.try_into().ok()?));
+    let n = u32::from_le_bytes(buf.get(..4)?.try_into().ok()?);
+    let mut at = 4;
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let (id, parent, generation, flags) = (
+            u64_at(at)?,
+            u64_at(at + 8)?,
+            u64_at(at + 16)?,
+            u64_at(at + 24)?,
+        );
+        let len = u32::from_le_bytes(buf.get(at + 32..at + 36)?.try_into().ok()?) as usize;
+        let path = buf.get(at + 36..at + 36 + len)?.to_vec();
+        at += 36 + len;
+        let mut path = path;
+        if flags & 2 != 0 {
+            path.extend_from_slice("…".as_bytes());
+        }
+        out.push(ListedSubvol {
+            id,
+            parent,
+            generation,
+            readonly: flags & 1 != 0,
+            path,
+        });
+    }
+    Some(out)
+}
+
 /// Words of the reply.
 pub const INFO_WORDS: usize = 16;
 /// Word 0: this magic number, so a caller knows the mount is ubtrfs.
@@ -106,6 +188,46 @@ fn word_of(c: Counter) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn subvolume_lists_round_trip_a_page_at_a_time() {
+        assert_eq!(UBTRFS_IOC_SUBVOL_LIST, 0xe000_75e1);
+        let all: Vec<ListedSubvol> = (0..500u64)
+            .map(|i| ListedSubvol {
+                id: 256 + i,
+                parent: 5 + i % 3,
+                generation: i * 7,
+                readonly: i % 2 == 0,
+                path: format!("dir{}/sub-{i}", i % 10).into_bytes(),
+            })
+            .collect();
+        let mut got = Vec::new();
+        let mut after = 0;
+        loop {
+            let rest: Vec<_> = all.iter().filter(|s| s.id > after).cloned().collect();
+            let page = encode_list(&rest);
+            assert!(page.len() <= LIST_SIZE);
+            let d = decode_list(&page).unwrap();
+            if d.is_empty() {
+                break;
+            }
+            after = d.last().unwrap().id;
+            got.extend(d);
+        }
+        assert_eq!(got, all);
+        assert_eq!(decode_list(&encode_list(&all)[..100]), None);
+        // A path longer than the reply is cut, and marked.
+        let long = ListedSubvol {
+            id: 900,
+            parent: 5,
+            generation: 1,
+            readonly: false,
+            path: vec![b'a'; LIST_SIZE],
+        };
+        let d = decode_list(&encode_list(&[long])).unwrap();
+        assert_eq!(d.len(), 1);
+        assert!(d[0].path.ends_with("…".as_bytes()) && d[0].path.len() < LIST_SIZE);
+    }
 
     #[test]
     fn reply_layout() {

@@ -134,6 +134,31 @@ impl Served {
         f(&self.fs)
     }
 
+    /// [`Served::write`] for a change the library commits itself (a
+    /// snapshot, a subvolume's deletion): an I/O error there is a failed
+    /// commit, which closes the filesystem to changes as
+    /// [`Served::commit`] does; other errors are the change's own.
+    pub fn write_committing<T>(
+        &self,
+        why: &str,
+        f: impl FnOnce(&Filesystem) -> Result<T, ubtrfs::Error>,
+    ) -> Result<T, Errno> {
+        if !self.writable {
+            return Err(Errno::EROFS);
+        }
+        let _alone = self.lock.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(answer) = self.closed_answer() {
+            return answer.and(Err(Errno::EROFS));
+        }
+        f(&self.fs).map_err(|e| {
+            if e.errno() == libc::EIO {
+                self.failed(why, &e)
+            } else {
+                super::errno(e)
+            }
+        })
+    }
+
     /// fsync of inode `id` (FUSE inode `ino`): logged when the library
     /// can, else the running transaction is committed. A failure is
     /// handled as a failed commit. Readers are shut out only while the

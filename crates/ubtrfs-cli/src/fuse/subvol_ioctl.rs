@@ -12,9 +12,14 @@
 //! reading neither the file nor its path: a lookup through the mount from
 //! a thread serving it could wait for itself.
 //!
-//! As in the kernel: anyone who may add a name to the directory may create
-//! a subvolume there; a snapshot needs the source's owner (or root); only
-//! root deletes (the kernel's default, without `user_subvol_rm_allowed`).
+//! Only root may send them. The kernel lets anyone who may add a name to
+//! a directory create a subvolume there, and a source's owner snapshot it;
+//! the mount cannot check that as the kernel would (the caller's ACLs and
+//! groups, a read-only bind mount the caller went through), so it refuses
+//! rather than guess. Each is served on a thread of its own, which answers
+//! after the kernel has dropped what it cached of the name: the kernel
+//! takes the directory's lock for that, and a thread serving requests
+//! must never wait for it (the lock's holder may be waiting for one).
 
 use fuser::Errno;
 use std::path::Path;
@@ -41,21 +46,32 @@ const NAME_MAX: usize = 255;
 
 /// A request decoded from its arguments.
 #[derive(Debug, PartialEq, Eq)]
-pub enum SubvolRequest<'a> {
+pub enum SubvolRequest {
     /// A new empty subvolume `name` in the directory.
-    Create { name: &'a [u8] },
+    Create { name: Vec<u8> },
     /// A snapshot of the subvolume open as `fd` in the caller, as `name`.
     Snapshot {
         fd: i64,
-        name: &'a [u8],
+        name: Vec<u8>,
         readonly: bool,
     },
     /// Delete the subvolume `name` in the directory.
-    Destroy { name: &'a [u8] },
+    Destroy { name: Vec<u8> },
+}
+
+impl SubvolRequest {
+    /// The name in the directory.
+    pub fn name(&self) -> &[u8] {
+        match self {
+            SubvolRequest::Create { name }
+            | SubvolRequest::Snapshot { name, .. }
+            | SubvolRequest::Destroy { name } => name,
+        }
+    }
 }
 
 /// Decode `cmd`'s arguments; `None` if `cmd` is none of these ioctls.
-pub fn decode(cmd: u32, args: &[u8]) -> Option<Result<SubvolRequest<'_>, Errno>> {
+pub fn decode(cmd: u32, args: &[u8]) -> Option<Result<SubvolRequest, Errno>> {
     let v2 = cmd == BTRFS_IOC_SNAP_CREATE_V2;
     if !matches!(
         cmd,
@@ -71,7 +87,7 @@ pub fn decode(cmd: u32, args: &[u8]) -> Option<Result<SubvolRequest<'_>, Errno>>
             return Err(Errno::EINVAL);
         }
         let word = |at: usize| u64::from_le_bytes(args[at..at + 8].try_into().unwrap_or_default());
-        let name = name(&args[if v2 { NAME_AT_V2 } else { NAME_AT }..VOL_ARGS_SIZE])?;
+        let name = name(&args[if v2 { NAME_AT_V2 } else { NAME_AT }..VOL_ARGS_SIZE])?.to_vec();
         Ok(match cmd {
             BTRFS_IOC_SUBVOL_CREATE => SubvolRequest::Create { name },
             BTRFS_IOC_SNAP_DESTROY => SubvolRequest::Destroy { name },
@@ -101,14 +117,17 @@ fn name(field: &[u8]) -> Result<&[u8], Errno> {
     if name.len() > NAME_MAX {
         return Err(Errno::ENAMETOOLONG);
     }
-    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') {
+    if name == b"." || name == b".." {
+        return Err(Errno::EEXIST);
+    }
+    if name.is_empty() || name.contains(&b'/') {
         return Err(Errno::EINVAL);
     }
     Ok(name)
 }
 
 /// The arguments of a request, as a caller passes them.
-pub fn encode(req: &SubvolRequest<'_>) -> Vec<u8> {
+pub fn encode(req: &SubvolRequest) -> Vec<u8> {
     let mut args = vec![0u8; VOL_ARGS_SIZE];
     let (at, name) = match req {
         SubvolRequest::Create { name } | SubvolRequest::Destroy { name } => (NAME_AT, name),
@@ -127,7 +146,7 @@ pub fn encode(req: &SubvolRequest<'_>) -> Vec<u8> {
 
 /// The ioctl number for a request ([`BTRFS_IOC_SNAP_CREATE_V2`] for
 /// snapshots).
-pub fn command(req: &SubvolRequest<'_>) -> u32 {
+pub fn command(req: &SubvolRequest) -> u32 {
     match req {
         SubvolRequest::Create { .. } => BTRFS_IOC_SUBVOL_CREATE,
         SubvolRequest::Snapshot { .. } => BTRFS_IOC_SNAP_CREATE_V2,
@@ -151,6 +170,16 @@ pub fn open_file(pid: u32, fd: i64) -> Result<((u32, u32), u64), Errno> {
     let (Some(mnt_id), Some(ino)) = (field("mnt_id:"), field("ino:")) else {
         return Err(Errno::EBADF);
     };
+    // An O_PATH descriptor names a file without opening it: the kernel
+    // does not take one either (flags are in octal).
+    let flags = info
+        .lines()
+        .find_map(|l| l.strip_prefix("flags:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 8).ok())
+        .ok_or(Errno::EBADF)?;
+    if flags & libc::O_PATH as u64 != 0 {
+        return Err(Errno::EBADF);
+    }
     let mounts =
         std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).map_err(|_| Errno::EBADF)?;
     let dev = mounts
@@ -166,7 +195,8 @@ pub fn open_file(pid: u32, fd: i64) -> Result<((u32, u32), u64), Errno> {
 /// The device of the mount at `mountpoint` in this process's view (the
 /// last one mounted there).
 pub fn mount_device(mountpoint: &Path) -> Option<(u32, u32)> {
-    let want = escape(&mountpoint.to_string_lossy());
+    use std::os::unix::ffi::OsStrExt;
+    let want = escape(mountpoint.as_os_str().as_bytes());
     std::fs::read_to_string("/proc/self/mountinfo")
         .ok()?
         .lines()
@@ -182,16 +212,17 @@ fn parse_dev(s: &str) -> Option<(u32, u32)> {
     Some((a.parse().ok()?, b.parse().ok()?))
 }
 
-/// A path as mountinfo writes it (space, tab, newline and backslash in octal).
-fn escape(p: &str) -> String {
-    let mut out = String::with_capacity(p.len());
-    for c in p.chars() {
-        match c {
-            ' ' | '\t' | '\n' | '\\' => out.push_str(&format!("\\{:03o}", c as u32)),
-            c => out.push(c),
+/// A path as mountinfo writes it (space, tab, newline and backslash in
+/// octal; other bytes as they are).
+fn escape(p: &[u8]) -> String {
+    let mut out = Vec::with_capacity(p.len());
+    for &b in p {
+        match b {
+            b' ' | b'\t' | b'\n' | b'\\' => out.extend(format!("\\{b:03o}").bytes()),
+            b => out.push(b),
         }
     }
-    out
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
@@ -201,16 +232,20 @@ mod tests {
     #[test]
     fn requests_round_trip_through_their_arguments() {
         for req in [
-            SubvolRequest::Create { name: b"vol" },
-            SubvolRequest::Destroy { name: b"old snap" },
+            SubvolRequest::Create {
+                name: b"vol".to_vec(),
+            },
+            SubvolRequest::Destroy {
+                name: b"old snap".to_vec(),
+            },
             SubvolRequest::Snapshot {
                 fd: 7,
-                name: b"s",
+                name: b"s".to_vec(),
                 readonly: true,
             },
             SubvolRequest::Snapshot {
                 fd: 3,
-                name: b"t",
+                name: b"t".to_vec(),
                 readonly: false,
             },
         ] {
@@ -228,10 +263,17 @@ mod tests {
             a[at..at + name.len()].copy_from_slice(name);
             decode(cmd, &a).unwrap().map(|_| ())
         };
-        for bad in [&b""[..], b".", b"..", b"a/b"] {
+        for bad in [&b""[..], b"a/b"] {
             assert_eq!(
                 with(BTRFS_IOC_SUBVOL_CREATE, NAME_AT, bad),
                 Err(Errno::EINVAL)
+            );
+        }
+        // As the kernel answers: those names exist.
+        for bad in [&b"."[..], b".."] {
+            assert_eq!(
+                with(BTRFS_IOC_SUBVOL_CREATE, NAME_AT, bad),
+                Err(Errno::EEXIST)
             );
         }
         assert_eq!(
@@ -251,7 +293,7 @@ mod tests {
         // Quota group inheritance (flag 1 << 2) is not supported.
         let mut a = encode(&SubvolRequest::Snapshot {
             fd: 1,
-            name: b"s",
+            name: b"s".to_vec(),
             readonly: false,
         });
         a[16] = 4;
@@ -277,6 +319,14 @@ mod tests {
             )
         );
         assert_eq!(open_file(std::process::id(), 1 << 20), Err(Errno::EBADF));
-        assert_eq!(escape("/a b\\c"), "/a\\040b\\134c");
+        // O_PATH: not an open file.
+        let c = std::ffi::CString::new("/proc").unwrap();
+        // SAFETY: a valid path; the descriptor is closed below.
+        let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH) };
+        assert!(fd >= 0);
+        assert_eq!(open_file(std::process::id(), fd as i64), Err(Errno::EBADF));
+        // SAFETY: closing the descriptor opened above.
+        unsafe { libc::close(fd) };
+        assert_eq!(escape(b"/a b\\c"), "/a\\040b\\134c");
     }
 }

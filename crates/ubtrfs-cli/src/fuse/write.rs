@@ -340,7 +340,6 @@ fn killed_mode(st: &Stat, contents: bool) -> Option<u32> {
     (m != st.mode & 0o7777).then_some(m)
 }
 
-/// Clear the set-user-ID bits of `id` ([`killed_mode`]); true if any were set.
 /// What a write needs of the mount: the filesystem, the mount's root
 /// (FUSE inode numbers are relative to it) and whether the kernel keeps
 /// the times (writeback cache).
@@ -406,6 +405,7 @@ fn keep_times<T>(
     Ok(done)
 }
 
+/// Clear the set-user-ID bits of `id` ([`killed_mode`]); true if any were set.
 fn kill_privs(fs: &Filesystem, id: InodeId) -> Result<bool, Errno> {
     let st = fs.stat(id).map_err(errno)?;
     let Some(mode) = killed_mode(&st, true) else {

@@ -432,9 +432,11 @@ impl Filesystem {
             target
         });
         let r = self.drop_unlinked(&mut w, target, last, now);
+        drop(w);
         if let (Err(_), Some(id)) = (&r, held) {
-            // Nothing to keep it for: the name is still there.
-            self.close_inode(id)?;
+            // The caller gets the error and holds nothing: let go as it
+            // would have (an orphan left behind goes at the next mount).
+            let _ = self.release_inode(id);
         }
         r.map(|()| held)
     }

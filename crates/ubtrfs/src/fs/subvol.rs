@@ -1,10 +1,11 @@
 //! Subvolumes and snapshots: the default subvolume and the list of all.
 
+use super::inode::InodeId;
 use super::open::Filesystem;
-use crate::Result;
 use crate::format::Key;
 use crate::format::consts::*;
 use crate::format::items::{DirItem, RootRef};
+use crate::{Error, Result};
 
 /// A subvolume or snapshot.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,5 +81,48 @@ impl Filesystem {
             });
         }
         Ok(out)
+    }
+
+    /// The path of subvolume `id` from the top level (`a/b/vol`), through
+    /// its link and the links of the subvolumes above it; `all` is
+    /// [`Filesystem::subvolumes`].
+    pub fn subvolume_path(&self, all: &[SubvolInfo], id: u64) -> Result<Vec<u8>> {
+        let mut parts: Vec<Vec<u8>> = Vec::new();
+        let mut cur = id;
+        // A link to itself, or a loop through several, cannot come from a
+        // sound root tree: bounded so a damaged one is an error.
+        for _ in 0..4096 {
+            if cur == FS_TREE_OBJECTID {
+                parts.reverse();
+                return Ok(parts.join(&b'/'));
+            }
+            let info = all
+                .iter()
+                .find(|s| s.id == cur)
+                .ok_or_else(|| Error::NotFound(format!("subvolume {cur} has no link")))?;
+            parts.push(info.name.clone());
+            let mut dir = InodeId {
+                subvol: info.parent,
+                ino: info.dirid,
+            };
+            for _ in 0..4096 {
+                if dir.ino == FIRST_INODE {
+                    break;
+                }
+                let r = self.inode_refs(dir)?.into_iter().next().ok_or_else(|| {
+                    Error::corrupt(format!(
+                        "directory {} in subvolume {} has no name",
+                        dir.ino, dir.subvol
+                    ))
+                })?;
+                parts.push(r.name);
+                dir.ino = r.parent;
+            }
+            if dir.ino != FIRST_INODE {
+                break;
+            }
+            cur = info.parent;
+        }
+        Err(Error::corrupt(format!("subvolume {id}: its links loop")))
     }
 }

@@ -908,3 +908,56 @@ fn library_snapshots_skinny() {
 fn library_snapshots_without_skinny_metadata() {
     library_snapshots("non-skinny", &["^skinny-metadata"], 12);
 }
+
+/// A snapshot of a subvolume that holds another shows an empty directory
+/// where the nested one was linked: `rm -rf` of the snapshot removes it
+/// (rmdir), renaming it is refused (ENOTEMPTY, as the kernel answers), and
+/// the image stays clean for `btrfs check` and the kernel.
+#[test]
+fn placeholders_of_nested_subvolumes_go_with_rmdir() {
+    testkit::require_privileged!();
+    let t = TestDir::new("lib-snapshot-placeholder").unwrap();
+    let opts = KernelImageOptions {
+        mkfs: MkfsOptions {
+            device_size: 256 << 20,
+            ..MkfsOptions::default()
+        },
+        mount_options: String::new(),
+    };
+    let image = kernel_image(&t.join("img"), &opts, |_| Ok(())).unwrap();
+    let img = image.path().to_path_buf();
+    let fs = open_rw(&img);
+    let top = fs.root();
+    let a = fs.create_subvolume(top, b"a", 0, 0).unwrap();
+    fs.create_subvolume(a, b"inner", 0, 0).unwrap();
+    fs.create_snapshot(a.subvol, top, b"s", false).unwrap();
+    let s = fs.resolve_path(b"/s").unwrap();
+    let placeholder = fs.lookup(s, b"inner").unwrap();
+    assert_eq!(placeholder.kind, FileKind::Dir);
+    fs.mkdir(s, b"other", 0o755, 0, 0).unwrap();
+    assert!(matches!(
+        fs.rename(s, b"inner", s, b"moved", 0),
+        Err(ubtrfs::Error::NotEmpty(_))
+    ));
+    assert!(matches!(
+        fs.rename(s, b"other", s, b"inner", 0),
+        Err(ubtrfs::Error::NotEmpty(_))
+    ));
+    fs.rmdir(s, b"inner").unwrap();
+    assert!(matches!(
+        fs.lookup(s, b"inner"),
+        Err(ubtrfs::Error::NotFound(_))
+    ));
+    fs.rmdir(s, b"other").unwrap();
+    assert!(fs.read_dir(s, 0).unwrap().is_empty());
+    // The nested subvolume itself is still there, in `a`.
+    assert!(fs.resolve_path(b"/a/inner").is_ok());
+    fs.commit().unwrap();
+    drop(fs);
+    check(&img, "after the placeholder went");
+    let mnt = t.join("mnt");
+    let m = Mount::new(&[&img], &mnt, "").unwrap();
+    assert_eq!(std::fs::read_dir(mnt.join("s")).unwrap().count(), 0);
+    assert!(mnt.join("a/inner").is_dir());
+    m.unmount().unwrap();
+}

@@ -208,6 +208,15 @@ impl Filesystem {
         {
             return Err(Error::Unsupported("replacing a subvolume".into()));
         }
+        // The placeholder of a subvolume nested in a snapshot's source
+        // only goes, as the kernel has it (ENOTEMPTY).
+        if [Some(&src), dst.as_ref()]
+            .into_iter()
+            .flatten()
+            .any(|e| e.id.ino == super::dir::EMPTY_SUBVOL_DIR)
+        {
+            return Err(Error::NotEmpty(show(old_name)));
+        }
         let exchange = flags & RENAME_EXCHANGE != 0;
         // The checks come in the order Linux makes them, so each failure
         // has the errno a caller of rename(2) expects.

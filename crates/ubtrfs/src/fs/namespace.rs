@@ -250,6 +250,9 @@ impl Filesystem {
         let target = entry.id;
         // Count on from the index this may have been the last of.
         self.index_counter(w, dir)?;
+        if target.ino == EMPTY_SUBVOL_DIR {
+            return self.remove_placeholder(w, dir, name, now);
+        }
         // Where the inode keeps this name: its INODE_REF for `dir`, or an
         // INODE_EXTREF keyed by the hash of `dir` and the name.
         let ref_key = Key::new(target.ino, INODE_REF_KEY, dir.ino);
@@ -325,6 +328,56 @@ impl Filesystem {
             d.ctime = now;
         })?;
         Ok(target)
+    }
+
+    /// Remove `name` from `dir` where it links a subvolume that is not
+    /// there (a snapshot's copy of a link to a subvolume nested in its
+    /// source): no inode holds the name, only the directory's two items.
+    fn remove_placeholder(
+        &self,
+        w: &mut Writer,
+        dir: InodeId,
+        name: &[u8],
+        now: Timespec,
+    ) -> Result<InodeId> {
+        let tree = self.fs_tree(dir.subvol)?;
+        let mut index = None;
+        for item in tree.items_of(dir.ino, DIR_INDEX_KEY)? {
+            let item = item?;
+            if DirItem::parse_all(item.data())?
+                .iter()
+                .any(|d| d.name == name && d.location.item_type == ROOT_ITEM_KEY)
+            {
+                index = Some(item.key().offset);
+                break;
+            }
+        }
+        let index = index.ok_or_else(|| {
+            Error::corrupt(format!(
+                "directory {} links a subvolume without an index item",
+                dir.ino
+            ))
+        })?;
+        let hash_key = Key::new(dir.ino, DIR_ITEM_KEY, name_hash(name));
+        self.modify_tree(w, dir.subvol, |ed, root| {
+            ed.edit_leaf(root, &hash_key, |leaf| {
+                remove_dir_item_name(leaf, &hash_key, name)
+            })?;
+            ed.delete(root, Key::new(dir.ino, DIR_INDEX_KEY, index))
+                .map(drop)
+        })?;
+        // A log cannot name what no inode holds: fsyncs commit until the
+        // next commit, as the kernel's do after a subvolume link goes.
+        w.log_broken = true;
+        self.change_inode(w, dir, |d| {
+            d.size = d.size.saturating_sub(2 * name.len() as u64);
+            d.mtime = now;
+            d.ctime = now;
+        })?;
+        Ok(InodeId {
+            subvol: dir.subvol,
+            ino: EMPTY_SUBVOL_DIR,
+        })
     }
 
     /// Create an inode of any kind but directory-with-contents under `dir`.
@@ -482,6 +535,9 @@ impl Filesystem {
         }
         let now = Timespec::now();
         let target = self.remove_name(&mut w, dir, name, &entry, now)?;
+        if target.ino == EMPTY_SUBVOL_DIR {
+            return Ok(());
+        }
         self.delete_inode(&mut w, target)
     }
 

@@ -467,6 +467,14 @@ fn xattr_errno(e: ubtrfs::Error) -> Errno {
     }
 }
 
+/// A kind of file the kernel opens without telling the mount.
+fn is_special(kind: FileKind) -> bool {
+    matches!(
+        kind,
+        FileKind::Fifo | FileKind::Socket | FileKind::CharDev | FileKind::BlockDev
+    )
+}
+
 fn file_type(kind: FileKind) -> FileType {
     match kind {
         FileKind::File => FileType::RegularFile,
@@ -1046,12 +1054,7 @@ impl FuseFs {
             // A special file may be open without FUSE ever seeing an open:
             // its last name going keeps it until the kernel forgets it.
             let held = fs
-                .unlink_holding(dir, name.as_bytes(), |kind| {
-                    matches!(
-                        kind,
-                        FileKind::Fifo | FileKind::Socket | FileKind::CharDev | FileKind::BlockDev
-                    )
-                })
+                .unlink_holding(dir, name.as_bytes(), is_special)
                 .map_err(errno)?;
             if let Some(id) = held {
                 self.held().insert(id);

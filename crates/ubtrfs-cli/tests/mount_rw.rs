@@ -899,6 +899,24 @@ fn unlinked_open_files_live_on() {
         f.read_exact(&mut back).unwrap();
         assert_eq!(&back, b"through");
     }
+    // Nor when a rename replaces its last name.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    {
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&fifo)
+            .unwrap();
+        fs::write(m.path().join("plain"), b"x").unwrap();
+        fs::rename(m.path().join("plain"), &fifo).unwrap();
+        let st = f.metadata().unwrap();
+        assert!(
+            std::os::unix::fs::FileTypeExt::is_fifo(&st.file_type()),
+            "fstat of the replaced fifo"
+        );
+        assert_eq!(st.nlink(), 0);
+    }
+    fs::remove_file(&fifo).unwrap();
     m.unmount_cleanly();
     check_image(&img);
     let kernel = Mount::single(&img, &t.join("kernel"), "ro").unwrap();

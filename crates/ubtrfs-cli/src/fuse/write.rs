@@ -165,8 +165,22 @@ impl FuseFs {
         }
         let (from, to) = (self.inode_of(parent), self.inode_of(new_parent));
         self.served.write(|fs| {
-            fs.rename(from, name.as_bytes(), to, new_name.as_bytes(), lib_flags)
-                .map_err(errno)
+            // A special file replaced may be open without FUSE having
+            // seen it (see `on_unlink`): kept until the kernel forgets it.
+            let held = fs
+                .rename_holding(
+                    from,
+                    name.as_bytes(),
+                    to,
+                    new_name.as_bytes(),
+                    lib_flags,
+                    super::is_special,
+                )
+                .map_err(errno)?;
+            if let Some(id) = held {
+                self.held().insert(id);
+            }
+            Ok(())
         })
     }
 

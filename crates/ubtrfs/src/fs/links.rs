@@ -175,6 +175,46 @@ impl Filesystem {
         new_name: &[u8],
         flags: u32,
     ) -> Result<()> {
+        self.rename_holding(old_dir, old_name, new_dir, new_name, flags, |_| false)
+            .map(drop)
+    }
+
+    /// [`Filesystem::rename`], but when it replaces the last name of an
+    /// inode whose kind `hold` says yes to, that inode is held first (as
+    /// by [`Filesystem::hold_inode`]) and outlives its name until
+    /// [`Filesystem::release_inode`]; returns the inode so held. As
+    /// [`Filesystem::unlink_holding`], for a FUSE mount, which never sees
+    /// the opens of special files.
+    pub fn rename_holding(
+        &self,
+        old_dir: InodeId,
+        old_name: &[u8],
+        new_dir: InodeId,
+        new_name: &[u8],
+        flags: u32,
+        hold: impl FnOnce(FileKind) -> bool,
+    ) -> Result<Option<InodeId>> {
+        let mut held = None;
+        let r = self.rename_locked(old_dir, old_name, new_dir, new_name, flags, hold, &mut held);
+        if let (Err(_), Some(id)) = (&r, held) {
+            // The caller gets the error and holds nothing (an orphan left
+            // behind goes at the next mount).
+            let _ = self.release_inode(id);
+        }
+        r.map(|()| held)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rename_locked(
+        &self,
+        old_dir: InodeId,
+        old_name: &[u8],
+        new_dir: InodeId,
+        new_name: &[u8],
+        flags: u32,
+        hold: impl FnOnce(FileKind) -> bool,
+        held: &mut Option<InodeId>,
+    ) -> Result<()> {
         if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0 {
             return Err(Error::Unsupported(format!("rename flags {flags:#x}")));
         }
@@ -280,6 +320,10 @@ impl Filesystem {
         }
         if let Some(d) = dst {
             self.remove_name(&mut w, new_dir, new_name, &d, now)?;
+            if d.kind != FileKind::Dir && self.inode_item(d.id)?.nlink <= 1 && hold(d.kind) {
+                self.hold_inode(d.id);
+                *held = Some(d.id);
+            }
             self.drop_link(&mut w, d.id, d.kind, now)?;
         }
         self.remove_name(&mut w, old_dir, old_name, &src, now)?;

@@ -1321,6 +1321,9 @@ impl FuseFs {
                 Ok(r) => r,
                 Err(e) => return reply.error(e),
             };
+            if req.uid() != 0 {
+                return reply.error(Errno::EPERM);
+            }
             // Served, and the kernel's cache of the name dropped, on a
             // thread that serves no requests (see `subvol_ioctl`).
             let (me, caller) = (self.clone(), *req);
@@ -1395,17 +1398,30 @@ impl FuseFs {
                     .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or_default()));
                 let listed = self.served.read(|fs| {
                     let all = fs.subvolumes().map_err(errno)?;
+                    // On a mount of another subvolume (subvol=), those below
+                    // it are shown from it, as btrfs-progs shows them.
+                    let mut base = match self.root.subvol {
+                        ubtrfs::format::consts::FS_TREE_OBJECTID => Vec::new(),
+                        id => fs.subvolume_path(&all, id).map_err(errno)?,
+                    };
+                    if !base.is_empty() {
+                        base.push(b'/');
+                    }
                     let mut out = Vec::new();
                     for s in all.iter().filter(|s| s.id > after) {
+                        let path = fs.subvolume_path(&all, s.id).map_err(errno)?;
                         out.push(control::ListedSubvol {
                             id: s.id,
                             parent: s.parent,
                             generation: s.generation,
                             readonly: s.readonly,
-                            path: fs.subvolume_path(&all, s.id).map_err(errno)?,
+                            path: path
+                                .strip_prefix(&base[..])
+                                .map_or(path.clone(), <[u8]>::to_vec),
                         });
                         // More than fit in one reply are never sent.
-                        if out.len() * 37 > control::LIST_SIZE {
+                        let used: usize = out.iter().map(|s| 36 + s.path.len()).sum();
+                        if used > control::LIST_SIZE {
                             break;
                         }
                     }

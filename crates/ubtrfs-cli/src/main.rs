@@ -6,6 +6,7 @@
 
 mod cmd;
 mod fuse;
+mod mountinfo;
 mod util;
 
 use clap::{Parser, Subcommand};

@@ -909,10 +909,11 @@ fn library_snapshots_without_skinny_metadata() {
     library_snapshots("non-skinny", &["^skinny-metadata"], 12);
 }
 
-/// A snapshot of a subvolume that holds another shows an empty directory
-/// where the nested one was linked: `rm -rf` of the snapshot removes it
-/// (rmdir), renaming it is refused (ENOTEMPTY, as the kernel answers), and
-/// the image stays clean for `btrfs check` and the kernel.
+/// A snapshot of a subvolume that holds others shows an empty directory
+/// where each nested one was linked: `rm -rf` of the snapshot removes it
+/// (rmdir), moving it is refused (ENOTEMPTY, as the kernel answers), a
+/// directory renamed over it replaces it, and the image stays clean for
+/// `btrfs check` and the kernel.
 #[test]
 fn placeholders_of_nested_subvolumes_go_with_rmdir() {
     testkit::require_privileged!();
@@ -930,6 +931,7 @@ fn placeholders_of_nested_subvolumes_go_with_rmdir() {
     let top = fs.root();
     let a = fs.create_subvolume(top, b"a", 0, 0).unwrap();
     fs.create_subvolume(a, b"inner", 0, 0).unwrap();
+    fs.create_subvolume(a, b"inner2", 0, 0).unwrap();
     fs.create_snapshot(a.subvol, top, b"s", false).unwrap();
     let s = fs.resolve_path(b"/s").unwrap();
     let placeholder = fs.lookup(s, b"inner").unwrap();
@@ -940,24 +942,35 @@ fn placeholders_of_nested_subvolumes_go_with_rmdir() {
         Err(ubtrfs::Error::NotEmpty(_))
     ));
     assert!(matches!(
-        fs.rename(s, b"other", s, b"inner", 0),
+        fs.rename(s, b"other", s, b"inner", ubtrfs::fs::RENAME_EXCHANGE),
         Err(ubtrfs::Error::NotEmpty(_))
     ));
-    fs.rmdir(s, b"inner").unwrap();
+    // A directory renamed over one replaces it.
+    fs.rename(s, b"other", s, b"inner", 0).unwrap();
     assert!(matches!(
-        fs.lookup(s, b"inner"),
+        fs.lookup(s, b"other"),
         Err(ubtrfs::Error::NotFound(_))
     ));
-    fs.rmdir(s, b"other").unwrap();
+    let replaced = fs.lookup(s, b"inner").unwrap();
+    assert_eq!(replaced.id.subvol, s.subvol);
+    assert_ne!(replaced.id.ino, placeholder.id.ino);
+    // The other one goes with rmdir.
+    fs.rmdir(s, b"inner2").unwrap();
+    assert!(matches!(
+        fs.lookup(s, b"inner2"),
+        Err(ubtrfs::Error::NotFound(_))
+    ));
+    fs.rmdir(s, b"inner").unwrap();
     assert!(fs.read_dir(s, 0).unwrap().is_empty());
-    // The nested subvolume itself is still there, in `a`.
+    // The nested subvolumes themselves are still there, in `a`.
     assert!(fs.resolve_path(b"/a/inner").is_ok());
+    assert!(fs.resolve_path(b"/a/inner2").is_ok());
     fs.commit().unwrap();
     drop(fs);
     check(&img, "after the placeholder went");
     let mnt = t.join("mnt");
     let m = Mount::new(&[&img], &mnt, "").unwrap();
     assert_eq!(std::fs::read_dir(mnt.join("s")).unwrap().count(), 0);
-    assert!(mnt.join("a/inner").is_dir());
+    assert!(mnt.join("a/inner").is_dir() && mnt.join("a/inner2").is_dir());
     m.unmount().unwrap();
 }

@@ -609,7 +609,7 @@ const READAHEAD_KB: u64 = crate::fuse::MAX_READAHEAD as u64 / 1024;
 /// comes from the mount table: nothing may look at the mount itself
 /// before the session serves it.)
 fn raise_readahead(mountpoint: &Path) {
-    let Ok(Some(m)) = super::umount::mount_at(mountpoint) else {
+    let Ok(Some(m)) = crate::mountinfo::mount_at(mountpoint) else {
         return;
     };
     let path = format!("/sys/class/bdi/{}:{}/read_ahead_kb", m.dev.0, m.dev.1);

@@ -34,62 +34,7 @@ pub struct Args {
     timeout: Option<u64>,
 }
 
-/// One line of `/proc/self/mountinfo`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MountEntry {
-    /// Device number of the mounted filesystem (`major`, `minor`).
-    pub dev: (u32, u32),
-    /// Where it is mounted.
-    pub mount_point: PathBuf,
-    /// Filesystem type, such as `fuse.ubtrfs`.
-    pub fstype: String,
-}
-
-/// The mounts of this process's namespace, in mount order.
-pub fn mounts() -> Result<Vec<MountEntry>> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo")
-        .context("cannot read /proc/self/mountinfo")?;
-    Ok(text.lines().filter_map(parse_mountinfo).collect())
-}
-
-/// The newest mount on `mp` (the one a path lookup reaches), if any.
-pub fn mount_at(mp: &Path) -> Result<Option<MountEntry>> {
-    Ok(mounts()?.into_iter().rev().find(|m| m.mount_point == mp))
-}
-
-fn parse_mountinfo(line: &str) -> Option<MountEntry> {
-    let (before, after) = line.split_once(" - ")?;
-    let f: Vec<&str> = before.split(' ').collect();
-    let (major, minor) = f.get(2)?.split_once(':')?;
-    Some(MountEntry {
-        dev: (major.parse().ok()?, minor.parse().ok()?),
-        mount_point: PathBuf::from(std::ffi::OsStr::from_bytes(&unescape(f.get(4)?))),
-        fstype: after.split(' ').next()?.to_string(),
-    })
-}
-
-/// A mountinfo path: space, tab, newline and backslash come as `\ooo`.
-fn unescape(s: &str) -> Vec<u8> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let octal = b
-            .get(i + 1..i + 4)
-            .filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
-        match octal {
-            Some(d) => {
-                out.push((d[0] - b'0') << 6 | (d[1] - b'0') << 3 | (d[2] - b'0'));
-                i += 4;
-            }
-            None => {
-                out.push(b[i]);
-                i += 1;
-            }
-        }
-    }
-    out
-}
+use crate::mountinfo::mount_at;
 
 /// Run `umount`.
 pub fn run(args: Args) -> Result<()> {
@@ -286,22 +231,5 @@ impl Watch {
                 told = true;
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn mountinfo_lines() {
-        let l = "36 35 0:52 / /mnt/with\\040space rw,nosuid,nodev shared:1 - fuse.ubtrfs /dev/loop0 rw,user_id=0";
-        let m = parse_mountinfo(l).unwrap();
-        assert_eq!(m.dev, (0, 52));
-        assert_eq!(m.mount_point, Path::new("/mnt/with space"));
-        assert_eq!(m.fstype, "fuse.ubtrfs");
-        assert!(parse_mountinfo("garbage").is_none());
-        assert_eq!(unescape("a\\134b\\011"), b"a\\b\t");
-        assert_eq!(unescape("end\\01"), b"end\\01");
     }
 }

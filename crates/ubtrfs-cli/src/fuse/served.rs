@@ -135,9 +135,10 @@ impl Served {
     }
 
     /// [`Served::write`] for a change the library commits itself (a
-    /// snapshot, a subvolume's deletion): an I/O error there is a failed
-    /// commit, which closes the filesystem to changes as
-    /// [`Served::commit`] does; other errors are the change's own.
+    /// snapshot, a subvolume's deletion): an error other than a refusal
+    /// (a name that exists, a directory not empty, ...) may have stopped
+    /// that commit half-way, and closes the filesystem to changes as a
+    /// failed [`Served::commit`] does.
     pub fn write_committing<T>(
         &self,
         why: &str,
@@ -146,17 +147,37 @@ impl Served {
         if !self.writable {
             return Err(Errno::EROFS);
         }
-        let _alone = self.lock.write().unwrap_or_else(|e| e.into_inner());
+        let alone = self.lock.write().unwrap_or_else(|e| e.into_inner());
         if let Some(answer) = self.closed_answer() {
             return answer.and(Err(Errno::EROFS));
         }
-        f(&self.fs).map_err(|e| {
-            if e.errno() == libc::EIO {
-                self.failed(why, &e)
-            } else {
-                super::errno(e)
+        let done = f(&self.fs).map_err(|e| {
+            use ubtrfs::Error as E;
+            match e {
+                // Refused before anything changed.
+                E::NotFound(_)
+                | E::NotDir(_)
+                | E::IsDir(_)
+                | E::Invalid(_)
+                | E::Exists(_)
+                | E::NotEmpty(_)
+                | E::NotPermitted(_)
+                | E::Unsupported(_)
+                | E::CrossDevice(_)
+                | E::NameTooLong(_)
+                | E::ReadOnly(_) => super::errno(e),
+                // Anything else may have stopped the commit half-way.
+                e => self.failed(why, &e),
             }
-        })
+        })?;
+        // As after any commit: the kernel's attributes of the files whose
+        // data went to disk are dropped.
+        let touched: Vec<u64> = std::mem::take(&mut *self.touched()).into_iter().collect();
+        drop(alone);
+        for ino in touched {
+            self.invalidate_attrs(INodeNo(ino));
+        }
+        Ok(done)
     }
 
     /// fsync of inode `id` (FUSE inode `ino`): logged when the library

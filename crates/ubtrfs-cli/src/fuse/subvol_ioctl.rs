@@ -87,7 +87,14 @@ pub fn decode(cmd: u32, args: &[u8]) -> Option<Result<SubvolRequest, Errno>> {
             return Err(Errno::EINVAL);
         }
         let word = |at: usize| u64::from_le_bytes(args[at..at + 8].try_into().unwrap_or_default());
-        let name = name(&args[if v2 { NAME_AT_V2 } else { NAME_AT }..VOL_ARGS_SIZE])?.to_vec();
+        let name =
+            name(&args[if v2 { NAME_AT_V2 } else { NAME_AT }..VOL_ARGS_SIZE]).map(<[u8]>::to_vec);
+        let name = match name {
+            // "." and ".." exist (a create's answer), but are no
+            // subvolume to delete.
+            Err(Errno::EEXIST) if cmd == BTRFS_IOC_SNAP_DESTROY => return Err(Errno::EINVAL),
+            other => other?,
+        };
         Ok(match cmd {
             BTRFS_IOC_SUBVOL_CREATE => SubvolRequest::Create { name },
             BTRFS_IOC_SNAP_DESTROY => SubvolRequest::Destroy { name },
@@ -180,14 +187,12 @@ pub fn open_file(pid: u32, fd: i64) -> Result<((u32, u32), u64), Errno> {
     if flags & libc::O_PATH as u64 != 0 {
         return Err(Errno::EBADF);
     }
-    let mounts =
-        std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).map_err(|_| Errno::EBADF)?;
+    let mounts = crate::mountinfo::read(Path::new(&format!("/proc/{pid}/mountinfo")))
+        .map_err(|_| Errno::EBADF)?;
     let dev = mounts
-        .lines()
-        .find_map(|l| {
-            let mut f = l.split(' ');
-            (f.next()?.parse::<u64>().ok()? == mnt_id).then(|| parse_dev(f.nth(1)?))?
-        })
+        .iter()
+        .find(|m| m.id == mnt_id)
+        .map(|m| m.dev)
         .ok_or(Errno::EBADF)?;
     Ok((dev, ino))
 }
@@ -195,34 +200,7 @@ pub fn open_file(pid: u32, fd: i64) -> Result<((u32, u32), u64), Errno> {
 /// The device of the mount at `mountpoint` in this process's view (the
 /// last one mounted there).
 pub fn mount_device(mountpoint: &Path) -> Option<(u32, u32)> {
-    use std::os::unix::ffi::OsStrExt;
-    let want = escape(mountpoint.as_os_str().as_bytes());
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .ok()?
-        .lines()
-        .rev()
-        .find_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            (f.get(4) == Some(&want.as_str())).then(|| parse_dev(f.get(2)?))?
-        })
-}
-
-fn parse_dev(s: &str) -> Option<(u32, u32)> {
-    let (a, b) = s.split_once(':')?;
-    Some((a.parse().ok()?, b.parse().ok()?))
-}
-
-/// A path as mountinfo writes it (space, tab, newline and backslash in
-/// octal; other bytes as they are).
-fn escape(p: &[u8]) -> String {
-    let mut out = Vec::with_capacity(p.len());
-    for &b in p {
-        match b {
-            b' ' | b'\t' | b'\n' | b'\\' => out.extend(format!("\\{b:03o}").bytes()),
-            b => out.push(b),
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    crate::mountinfo::mount_at(mountpoint).ok()?.map(|m| m.dev)
 }
 
 #[cfg(test)]
@@ -269,11 +247,15 @@ mod tests {
                 Err(Errno::EINVAL)
             );
         }
-        // As the kernel answers: those names exist.
+        // As the kernel answers: those names exist, but are no subvolume.
         for bad in [&b"."[..], b".."] {
             assert_eq!(
                 with(BTRFS_IOC_SUBVOL_CREATE, NAME_AT, bad),
                 Err(Errno::EEXIST)
+            );
+            assert_eq!(
+                with(BTRFS_IOC_SNAP_DESTROY, NAME_AT, bad),
+                Err(Errno::EINVAL)
             );
         }
         assert_eq!(
@@ -327,6 +309,5 @@ mod tests {
         assert_eq!(open_file(std::process::id(), fd as i64), Err(Errno::EBADF));
         // SAFETY: closing the descriptor opened above.
         unsafe { libc::close(fd) };
-        assert_eq!(escape(b"/a b\\c"), "/a\\040b\\134c");
     }
 }

@@ -8,7 +8,7 @@
 //! does; a moved directory's INODE_REF then names its new parent (btrfs
 //! keeps no ".." entry, and a directory's `nlink` is always 1).
 
-use super::inode::{FileKind, InodeId, Stat};
+use super::inode::{DirEntry, FileKind, InodeId, Stat};
 use super::namespace::{NewInode, check_name};
 use super::open::Filesystem;
 use crate::format::Key;
@@ -248,13 +248,10 @@ impl Filesystem {
         {
             return Err(Error::Unsupported("replacing a subvolume".into()));
         }
-        // The placeholder of a subvolume nested in a snapshot's source
-        // only goes, as the kernel has it (ENOTEMPTY).
-        if [Some(&src), dst.as_ref()]
-            .into_iter()
-            .flatten()
-            .any(|e| e.id.ino == super::dir::EMPTY_SUBVOL_DIR)
-        {
+        // The placeholder of a subvolume nested in a snapshot's source does
+        // not move (ENOTEMPTY, as the kernel answers); it may be replaced.
+        let placeholder = |e: &DirEntry| e.id.ino == super::dir::EMPTY_SUBVOL_DIR;
+        if placeholder(&src) || (exchange_flag(flags) && dst.as_ref().is_some_and(placeholder)) {
             return Err(Error::NotEmpty(show(old_name)));
         }
         let exchange = flags & RENAME_EXCHANGE != 0;
@@ -320,11 +317,15 @@ impl Filesystem {
         }
         if let Some(d) = dst {
             self.remove_name(&mut w, new_dir, new_name, &d, now)?;
-            if d.kind != FileKind::Dir && self.inode_item(d.id)?.nlink <= 1 && hold(d.kind) {
+            if placeholder(&d) {
+                // Only its directory's items were there.
+            } else if d.kind != FileKind::Dir && self.inode_item(d.id)?.nlink <= 1 && hold(d.kind) {
                 self.hold_inode(d.id);
                 *held = Some(d.id);
+                self.drop_link(&mut w, d.id, d.kind, now)?;
+            } else {
+                self.drop_link(&mut w, d.id, d.kind, now)?;
             }
-            self.drop_link(&mut w, d.id, d.kind, now)?;
         }
         self.remove_name(&mut w, old_dir, old_name, &src, now)?;
         self.add_name(&mut w, new_dir, new_name, src.id, src.kind, now)?;
@@ -347,4 +348,9 @@ impl Filesystem {
         }
         Ok(())
     }
+}
+
+/// Whether rename `flags` ask for an exchange.
+fn exchange_flag(flags: u32) -> bool {
+    flags & RENAME_EXCHANGE != 0
 }

@@ -1409,7 +1409,15 @@ impl FuseFs {
                     }
                     let mut out = Vec::new();
                     for s in all.iter().filter(|s| s.id > after) {
-                        let path = fs.subvolume_path(&all, s.id).map_err(errno)?;
+                        // One whose link cannot be followed (damaged) is
+                        // left out, as btrfs-progs leaves it.
+                        let path = match fs.subvolume_path(&all, s.id) {
+                            Ok(p) => p,
+                            Err(e) => {
+                                tracing::warn!("subvolume {}: {e}", s.id);
+                                continue;
+                            }
+                        };
                         out.push(control::ListedSubvol {
                             id: s.id,
                             parent: s.parent,

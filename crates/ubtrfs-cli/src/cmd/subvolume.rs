@@ -181,14 +181,21 @@ fn list_subvolumes(a: &ListArgs) -> Result<()> {
             let all = fs.subvolumes().context("reading the subvolumes")?;
             let mut out = Vec::with_capacity(all.len());
             for s in &all {
+                // One whose link cannot be followed (damaged) is left out,
+                // as btrfs-progs leaves it, and named.
+                let path = match fs.subvolume_path(&all, s.id) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        eprintln!("ubtrfs: warning: subvolume {}: {e}", s.id);
+                        continue;
+                    }
+                };
                 out.push(ListedSubvol {
                     id: s.id,
                     parent: s.parent,
                     generation: s.generation,
                     readonly: s.readonly,
-                    path: fs
-                        .subvolume_path(&all, s.id)
-                        .with_context(|| format!("the path of subvolume {}", s.id))?,
+                    path,
                 });
             }
             out

@@ -126,3 +126,41 @@ impl Filesystem {
         Err(Error::corrupt(format!("subvolume {id}: its links loop")))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_fs::TestFs;
+
+    fn link(id: u64, parent: u64, name: &str) -> SubvolInfo {
+        SubvolInfo {
+            id,
+            parent,
+            dirid: FIRST_INODE,
+            name: name.as_bytes().to_vec(),
+            uuid: [0; 16],
+            parent_uuid: [0; 16],
+            readonly: false,
+            generation: 1,
+        }
+    }
+
+    #[test]
+    fn subvolume_paths_follow_links_up_to_the_top_level() {
+        let t = TestFs::new();
+        let all = [link(256, 5, "a"), link(257, 256, "b"), link(258, 257, "c")];
+        assert_eq!(t.fs().subvolume_path(&all, 258).unwrap(), b"a/b/c");
+        assert_eq!(t.fs().subvolume_path(&all, 256).unwrap(), b"a");
+        // A link into a subvolume that is not there, and a loop: errors.
+        let orphan = [link(259, 300, "x")];
+        assert!(matches!(
+            t.fs().subvolume_path(&orphan, 259),
+            Err(Error::NotFound(_))
+        ));
+        let looped = [link(260, 261, "p"), link(261, 260, "q")];
+        assert!(matches!(
+            t.fs().subvolume_path(&looped, 260),
+            Err(Error::Corrupt(_))
+        ));
+    }
+}

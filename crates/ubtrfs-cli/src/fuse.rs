@@ -1407,7 +1407,8 @@ impl FuseFs {
                     if !base.is_empty() {
                         base.push(b'/');
                     }
-                    let mut out = Vec::new();
+                    let (mut out, mut bytes) = (Vec::new(), 0);
+                    // In id order (the root tree's), as the reply wants.
                     for s in all.iter().filter(|s| s.id > after) {
                         // One whose link cannot be followed (damaged) is
                         // left out, as btrfs-progs leaves it.
@@ -1418,22 +1419,23 @@ impl FuseFs {
                                 continue;
                             }
                         };
+                        let path = match path.strip_prefix(&base[..]) {
+                            Some(below) => below.to_vec(),
+                            None => path,
+                        };
+                        bytes += control::LISTED_HEADER + path.len();
                         out.push(control::ListedSubvol {
                             id: s.id,
                             parent: s.parent,
                             generation: s.generation,
                             readonly: s.readonly,
-                            path: path
-                                .strip_prefix(&base[..])
-                                .map_or(path.clone(), <[u8]>::to_vec),
+                            path,
                         });
                         // More than fit in one reply are never sent.
-                        let used: usize = out.iter().map(|s| 36 + s.path.len()).sum();
-                        if used > control::LIST_SIZE {
+                        if bytes > control::LIST_SIZE {
                             break;
                         }
                     }
-                    out.sort_by_key(|s| s.id);
                     Ok(out)
                 });
                 match listed {
@@ -1472,11 +1474,9 @@ impl FuseFs {
         request: &subvol_ioctl::SubvolRequest,
     ) -> Result<(), Errno> {
         use subvol_ioctl::SubvolRequest;
+        // The caller is root (checked before the thread started).
         if !self.served.writable() {
             return Err(Errno::EROFS);
-        }
-        if req.uid() != 0 {
-            return Err(Errno::EPERM);
         }
         let dir = self.inode_of(ino);
         let name = request.name();

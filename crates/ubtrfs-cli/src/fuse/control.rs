@@ -24,6 +24,8 @@ pub const UBTRFS_IOC_SUBVOL_LIST: u32 =
     (3 << 30) | ((LIST_SIZE as u32) << 16) | ((b'u' as u32) << 8) | 0xe1;
 /// Size of the list ioctl's buffer.
 pub const LIST_SIZE: usize = 8192;
+/// Bytes of a listed subvolume before its path (four `u64`s, a `u32`).
+pub const LISTED_HEADER: usize = 36;
 
 /// One subvolume of [`UBTRFS_IOC_SUBVOL_LIST`]'s reply.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,13 +45,13 @@ pub fn encode_list(subvols: &[ListedSubvol]) -> Vec<u8> {
     for s in subvols {
         let mut path = &s.path[..];
         let mut flags = u64::from(s.readonly);
-        if out.len() + 36 + path.len() > LIST_SIZE {
+        if out.len() + LISTED_HEADER + path.len() > LIST_SIZE {
             if n > 0 {
                 break;
             }
             // Alone and still too long: its path is cut (flag bit 1), so
             // the list goes on.
-            path = &path[..LIST_SIZE - 40];
+            path = &path[..LIST_SIZE - 4 - LISTED_HEADER];
             flags |= 2;
         }
         for w in [s.id, s.parent, s.generation, flags] {
@@ -76,9 +78,12 @@ pub fn decode_list(buf: &[u8]) -> Option<Vec<ListedSubvol>> {
             u64_at(at + 16)?,
             u64_at(at + 24)?,
         );
-        let len = u32::from_le_bytes(buf.get(at + 32..at + 36)?.try_into().ok()?) as usize;
-        let path = buf.get(at + 36..at + 36 + len)?.to_vec();
-        at += 36 + len;
+        let len =
+            u32::from_le_bytes(buf.get(at + 32..at + LISTED_HEADER)?.try_into().ok()?) as usize;
+        let path = buf
+            .get(at + LISTED_HEADER..at + LISTED_HEADER + len)?
+            .to_vec();
+        at += LISTED_HEADER + len;
         let mut path = path;
         if flags & 2 != 0 {
             path.extend_from_slice("…".as_bytes());

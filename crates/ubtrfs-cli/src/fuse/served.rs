@@ -170,13 +170,7 @@ impl Served {
                 e => self.failed(why, &e),
             }
         })?;
-        // As after any commit: the kernel's attributes of the files whose
-        // data went to disk are dropped.
-        let touched: Vec<u64> = std::mem::take(&mut *self.touched()).into_iter().collect();
-        drop(alone);
-        for ino in touched {
-            self.invalidate_attrs(INodeNo(ino));
-        }
+        self.committed(alone);
         Ok(done)
     }
 
@@ -360,12 +354,19 @@ impl Served {
             return Err(self.failed(&format!("{why} commit"), &e));
         }
         tracing::debug!("{why} commit");
+        self.committed(alone);
+        Ok(())
+    }
+
+    /// After a commit, with the exclusive lock `alone`: the kernel's
+    /// cached attributes of the files whose data went to disk are dropped
+    /// (once the lock is let go).
+    fn committed(&self, alone: std::sync::RwLockWriteGuard<'_, ()>) {
         let touched: Vec<u64> = std::mem::take(&mut *self.touched()).into_iter().collect();
         drop(alone);
         for ino in touched {
             self.invalidate_attrs(INodeNo(ino));
         }
-        Ok(())
     }
 
     fn failure(&self) -> Option<String> {

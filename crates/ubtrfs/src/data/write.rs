@@ -133,23 +133,8 @@ impl Filesystem {
                 if (full_lo..full_hi).contains(&idx) {
                     continue;
                 }
-                let s = idx * ss;
                 let at = ((idx - first) * ss) as usize;
-                let dst = &mut buf[at..at + ss as usize];
-                let d = self.delalloc();
-                match d.sector(id, idx) {
-                    Some(b) => dst.copy_from_slice(b),
-                    // Wholly past the old end: nothing there to keep (as
-                    // in the kernel, which zeroes such a page rather than
-                    // read it).
-                    None if s >= inode.size => {}
-                    None => {
-                        drop(d);
-                        let b = self.read_stored(id, s, ss as usize)?;
-                        let n = b.len().min(dst.len());
-                        dst[..n].copy_from_slice(&b[..n]);
-                    }
-                }
+                self.old_sector_into(id, idx, inode.size, &mut buf[at..at + ss as usize])?;
             }
             let at = (offset - first * ss) as usize;
             buf[at..at + data.len()].copy_from_slice(data);
@@ -203,16 +188,8 @@ impl Filesystem {
         let mut partial = Vec::with_capacity(sectors.len());
         for idx in sectors {
             let s = idx * ss;
-            let existing = self.delalloc().sector(id, idx).map(|b| b.to_vec());
-            let mut buf = match existing {
-                Some(b) => b,
-                None if s >= inode.size => vec![0u8; ss as usize],
-                None => {
-                    let mut b = self.read_stored(id, s, ss as usize)?;
-                    b.resize(ss as usize, 0);
-                    b
-                }
-            };
+            let mut buf = vec![0u8; ss as usize];
+            self.old_sector_into(id, idx, inode.size, &mut buf)?;
             let lo = s.max(offset);
             let hi = (s + ss).min(end);
             if lo < hi {
@@ -229,6 +206,27 @@ impl Filesystem {
         }
         for (idx, buf) in partial {
             self.delalloc().put(id, idx, buf.into_boxed_slice());
+        }
+        Ok(())
+    }
+
+    /// The bytes sector `idx` of `id` holds before a write (of a file
+    /// `size` bytes long) into `dst`, one sector of zeros: its dirty copy,
+    /// else what is stored.
+    fn old_sector_into(&self, id: InodeId, idx: u64, size: u64, dst: &mut [u8]) -> Result<()> {
+        let s = idx * dst.len() as u64;
+        let d = self.delalloc();
+        match d.sector(id, idx) {
+            Some(b) => dst.copy_from_slice(b),
+            // Wholly past the old end: nothing there to keep (as in the
+            // kernel, which zeroes such a page rather than read it).
+            None if s >= size => {}
+            None => {
+                drop(d);
+                let b = self.read_stored(id, s, dst.len())?;
+                let n = b.len().min(dst.len());
+                dst[..n].copy_from_slice(&b[..n]);
+            }
         }
         Ok(())
     }

@@ -71,10 +71,16 @@
 //!   [`fuser::INodeNo::ROOT`] (1);
 //! * any other inode of the top-level subvolume (tree id 5) keeps its own
 //!   number (btrfs never uses 1 for a file);
-//! * an inode of any other subvolume is `subvol << 40 | ino`.
+//! * an inode of any other subvolume is `subvol << 40 | ino`;
+//! * the placeholder that stands for nested subvolume N in a snapshot
+//!   (an empty directory, inode 2 in the kernel's view) takes the inode
+//!   number `2^40 - 2^24 + N` in the snapshot's range: the kernel makes a
+//!   fresh inode for each placeholder, and one number for all would make
+//!   the FUSE kernel move a placeholder's entry to wherever another was
+//!   looked up.
 //!
-//! Inode numbers must be below 2^40 and subvolume ids below 2^24; anything
-//! else is answered with `EOVERFLOW`. The same number is reported as
+//! Inode numbers must be below 2^40 - 2^24 and subvolume ids below 2^24;
+//! anything else is answered with `EOVERFLOW`. The same number is reported as
 //! `st_ino`, so snapshots of a file are never mistaken for hard links.
 //!
 //! # Directory offsets
@@ -149,6 +155,9 @@ const INO_BITS: u32 = 40;
 const INO_MASK: u64 = (1 << INO_BITS) - 1;
 /// Largest subvolume id that fits above the inode bits.
 const MAX_SUBVOL: u64 = (1 << (64 - INO_BITS)) - 1;
+/// The top of each subvolume's inode bits, one number per possible
+/// subvolume id, is kept for placeholders (see the module documentation).
+const PLACEHOLDER_BASE: u64 = INO_MASK + 1 - (MAX_SUBVOL + 1);
 /// First directory cookie of a real entry (1 and 2 are `.` and `..`).
 const COOKIE_BASE: u64 = 2;
 
@@ -414,9 +423,15 @@ fn to_fuse(root: InodeId, id: InodeId) -> Result<INodeNo, Errno> {
     if id == root {
         return Ok(INodeNo::ROOT);
     }
-    if id.ino > INO_MASK || id.ino == 0 {
-        return Err(Errno::EOVERFLOW);
-    }
+    let id = match id.placeholder_of() {
+        Some(nested) if nested <= MAX_SUBVOL => InodeId {
+            subvol: id.subvol,
+            ino: PLACEHOLDER_BASE + nested,
+        },
+        Some(_) => return Err(Errno::EOVERFLOW),
+        None if id.ino >= PLACEHOLDER_BASE || id.ino == 0 => return Err(Errno::EOVERFLOW),
+        None => id,
+    };
     if id.subvol == TOP_SUBVOL {
         if id.ino == INodeNo::ROOT.0 {
             return Err(Errno::EOVERFLOW);
@@ -434,15 +449,13 @@ fn from_fuse(root: InodeId, ino: INodeNo) -> InodeId {
     if ino == INodeNo::ROOT {
         return root;
     }
-    match ino.0 >> INO_BITS {
-        0 => InodeId {
-            subvol: TOP_SUBVOL,
-            ino: ino.0,
-        },
-        subvol => InodeId {
-            subvol,
-            ino: ino.0 & INO_MASK,
-        },
+    let subvol = match ino.0 >> INO_BITS {
+        0 => TOP_SUBVOL,
+        subvol => subvol,
+    };
+    match ino.0 & INO_MASK {
+        n if n >= PLACEHOLDER_BASE => InodeId::placeholder(subvol, n - PLACEHOLDER_BASE),
+        n => InodeId { subvol, ino: n },
     }
 }
 
@@ -1662,16 +1675,37 @@ mod tests {
             },
             InodeId {
                 subvol: MAX_SUBVOL,
-                ino: INO_MASK,
+                ino: PLACEHOLDER_BASE - 1,
             },
+            InodeId::placeholder(5, 256),
+            InodeId::placeholder(300, 257),
+            InodeId::placeholder(300, 258),
+            InodeId::placeholder(MAX_SUBVOL, MAX_SUBVOL),
         ];
         assert_eq!(to_fuse(root, root), Ok(INodeNo::ROOT));
         assert_eq!(from_fuse(root, INodeNo::ROOT), root);
+        let mut seen = std::collections::HashSet::new();
         for id in cases {
             let n = to_fuse(root, id).unwrap();
             assert_ne!(n, INodeNo::ROOT);
             assert_eq!(from_fuse(root, n), id);
+            assert!(seen.insert(n), "{id:?} shares {n:?}");
         }
+        // Real inode numbers stop below the placeholders' range.
+        assert_eq!(
+            to_fuse(
+                root,
+                InodeId {
+                    subvol: 300,
+                    ino: PLACEHOLDER_BASE
+                }
+            ),
+            Err(Errno::EOVERFLOW)
+        );
+        assert_eq!(
+            to_fuse(root, InodeId::placeholder(300, MAX_SUBVOL + 1)),
+            Err(Errno::EOVERFLOW)
+        );
         // The same inode number in two subvolumes gives two FUSE inodes.
         let a = to_fuse(
             root,

@@ -307,3 +307,56 @@ fn subvolume_requests_beside_directory_changes_finish() {
     m.unmount().unwrap();
     check_image(&img);
 }
+
+/// A snapshot of a subvolume that holds two others shows two empty
+/// placeholders. They are two directories to the kernel: different inode
+/// numbers, and a process working in one keeps it, under its own name,
+/// while the other is looked up and removed (with one inode number for
+/// both, the kernel moved the first's entry to the second's name, and
+/// removing the second took the process's working directory).
+#[test]
+fn placeholders_in_a_snapshot_are_directories_of_their_own() {
+    require_privileged!();
+    let t = TestDir::new("subvolume-mount-placeholders").unwrap();
+    let img = common::new_image(&t, "disk.img", 512 << 20);
+    let mnt = t.join("mnt");
+    let m = start_mount(&img, &mnt, &[]);
+    ok(&["subvolume", "create", &p(&mnt, "vol")]);
+    ok(&["subvolume", "create", &p(&mnt, "vol/a")]);
+    ok(&["subvolume", "create", &p(&mnt, "vol/b")]);
+    std::fs::write(mnt.join("vol/a/f"), b"in a\n").unwrap();
+    ok(&["subvolume", "snapshot", &p(&mnt, "vol"), &p(&mnt, "snap")]);
+
+    let a = std::fs::metadata(mnt.join("snap/a")).unwrap();
+    let b = std::fs::metadata(mnt.join("snap/b")).unwrap();
+    assert!(a.is_dir() && b.is_dir());
+    assert_ne!(a.ino(), b.ino(), "two placeholders share an inode number");
+    assert_eq!(std::fs::read_dir(mnt.join("snap/a")).unwrap().count(), 0);
+
+    let mut sitter = Command::new("sleep")
+        .arg("60")
+        .current_dir(mnt.join("snap/a"))
+        .spawn()
+        .unwrap();
+    let cwd = || std::fs::read_link(format!("/proc/{}/cwd", sitter.id())).unwrap();
+    assert_eq!(cwd(), mnt.join("snap/a"));
+    // Forget the cached entry, so the next stat of b asks the mount.
+    drop_caches();
+    let _ = std::fs::metadata(mnt.join("snap/b")).unwrap();
+    assert_eq!(cwd(), mnt.join("snap/a"), "looking b up moved a");
+    std::fs::remove_dir(mnt.join("snap/b")).unwrap();
+    assert_eq!(cwd(), mnt.join("snap/a"), "removing b took a");
+    assert!(std::fs::metadata(mnt.join("snap/a")).unwrap().is_dir());
+    sitter.kill().unwrap();
+    sitter.wait().unwrap();
+    std::fs::remove_dir(mnt.join("snap/a")).unwrap();
+    assert_eq!(std::fs::read_dir(mnt.join("snap")).unwrap().count(), 0);
+    // The real ones are untouched.
+    assert_eq!(std::fs::read(mnt.join("vol/a/f")).unwrap(), b"in a\n");
+    m.unmount().unwrap();
+    check_image(&img);
+}
+
+fn drop_caches() {
+    std::fs::write("/proc/sys/vm/drop_caches", b"2").unwrap();
+}

@@ -5,7 +5,7 @@
 //! directory entries. Every change sets the inode's ctime.
 
 use super::acl::Which;
-use super::dir::{EMPTY_SUBVOL_DIR, name_hash};
+use super::dir::name_hash;
 use super::inode::{FileKind, InodeId, Stat};
 use super::open::Filesystem;
 use crate::format::Key;
@@ -53,7 +53,7 @@ impl Filesystem {
     /// through [`Filesystem::truncate`] and sets mtime and ctime unless
     /// they are given.
     pub fn setattr(&self, id: InodeId, attr: SetAttr) -> Result<Stat> {
-        if id.ino == EMPTY_SUBVOL_DIR {
+        if id.is_placeholder() {
             return Err(Error::ReadOnly(
                 "placeholder of an unreachable subvolume".into(),
             ));
@@ -270,7 +270,7 @@ impl Filesystem {
 
     /// Check that `id` is a real inode that may change.
     fn writable_inode(&self, id: InodeId) -> Result<()> {
-        if id.ino == EMPTY_SUBVOL_DIR {
+        if id.is_placeholder() {
             return Err(Error::ReadOnly(
                 "placeholder of an unreachable subvolume".into(),
             ));

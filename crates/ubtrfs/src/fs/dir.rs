@@ -8,10 +8,6 @@ use crate::format::consts::*;
 use crate::format::items::{DirItem, InodeRef, RootRef, Timespec};
 use crate::{Error, Result};
 
-/// Inode number the kernel shows for a subvolume link whose subvolume is
-/// not where the entry says (e.g. a nested subvolume inside a snapshot).
-pub const EMPTY_SUBVOL_DIR: u64 = 2;
-
 /// The name hash of DIR_ITEM and XATTR_ITEM keys: CRC32C seeded with
 /// !1 and without the final inversion.
 pub fn name_hash(name: &[u8]) -> u64 {
@@ -57,7 +53,7 @@ fn kind_of(file_type: u8) -> Result<FileKind> {
 
 impl Filesystem {
     fn dir_check(&self, dir: InodeId) -> Result<()> {
-        if dir.ino == EMPTY_SUBVOL_DIR {
+        if dir.is_placeholder() {
             return Ok(());
         }
         let st = self.stat(dir)?;
@@ -108,10 +104,7 @@ impl Filesystem {
                 });
             }
         }
-        Ok(InodeId {
-            subvol: dir.subvol,
-            ino: EMPTY_SUBVOL_DIR,
-        })
+        Ok(InodeId::placeholder(dir.subvol, child))
     }
 
     /// Look `name` up in directory `dir`.
@@ -124,7 +117,7 @@ impl Filesystem {
     pub(crate) fn find_name(&self, dir: InodeId, name: &[u8]) -> Result<DirEntry> {
         super::namespace::check_name_len(name)?;
         let missing = || Error::NotFound(String::from_utf8_lossy(name).into_owned());
-        if dir.ino == EMPTY_SUBVOL_DIR {
+        if dir.is_placeholder() {
             return Err(missing());
         }
         let tree = self.fs_tree(dir.subvol)?;
@@ -155,7 +148,7 @@ impl Filesystem {
         limit: usize,
     ) -> Result<Vec<DirEntry>> {
         self.dir_check(dir)?;
-        if dir.ino == EMPTY_SUBVOL_DIR {
+        if dir.is_placeholder() {
             return Ok(Vec::new());
         }
         let tree = self.fs_tree(dir.subvol)?;
@@ -185,7 +178,7 @@ impl Filesystem {
     pub fn parent(&self, dir: InodeId) -> Result<InodeId> {
         let root = self.root();
         // The placeholder does not record where it was linked; ".." goes to the root.
-        if dir == root || dir.ino == EMPTY_SUBVOL_DIR {
+        if dir == root || dir.is_placeholder() {
             return Ok(root);
         }
         if dir.ino == FIRST_INODE {

@@ -11,6 +11,34 @@ pub struct InodeId {
     pub ino: u64,
 }
 
+/// The bit that marks a placeholder's made-up inode number (see
+/// [`InodeId::placeholder`]); real inode numbers never reach it.
+const PLACEHOLDER_BIT: u64 = 1 << 63;
+
+impl InodeId {
+    /// The empty directory that stands where a snapshot holds the link of
+    /// a subvolume nested in its source (`nested`, that subvolume's id).
+    /// Each placeholder gets an identity of its own, so two of them are
+    /// never taken for one directory with two names (the kernel makes a
+    /// fresh inode, numbered 2, for each).
+    pub fn placeholder(subvol: u64, nested: u64) -> Self {
+        InodeId {
+            subvol,
+            ino: PLACEHOLDER_BIT | nested,
+        }
+    }
+
+    /// Whether this is a placeholder (see [`InodeId::placeholder`]).
+    pub fn is_placeholder(self) -> bool {
+        self.ino & PLACEHOLDER_BIT != 0
+    }
+
+    /// The id of the nested subvolume a placeholder stands for.
+    pub fn placeholder_of(self) -> Option<u64> {
+        self.is_placeholder().then_some(self.ino & !PLACEHOLDER_BIT)
+    }
+}
+
 /// The kind of an inode, from its mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FileKind {

@@ -250,7 +250,7 @@ impl Filesystem {
         }
         // The placeholder of a subvolume nested in a snapshot's source does
         // not move (ENOTEMPTY, as the kernel answers); it may be replaced.
-        let placeholder = |e: &DirEntry| e.id.ino == super::dir::EMPTY_SUBVOL_DIR;
+        let placeholder = |e: &DirEntry| e.id.is_placeholder();
         if placeholder(&src) || (exchange_flag(flags) && dst.as_ref().is_some_and(placeholder)) {
             return Err(Error::NotEmpty(show(old_name)));
         }

@@ -4,7 +4,7 @@
 //! sequence number) in the directory, and INODE_REF in the inode; the
 //! directory's size counts each name twice, as the kernel does.
 
-use super::dir::{EMPTY_SUBVOL_DIR, name_hash};
+use super::dir::name_hash;
 use super::inode::{DirEntry, FileKind, InodeId, Stat};
 use super::open::Filesystem;
 use crate::format::Key;
@@ -136,7 +136,7 @@ impl Filesystem {
     }
 
     pub(crate) fn writable_dir(&self, dir: InodeId) -> Result<InodeItem> {
-        if dir.ino == EMPTY_SUBVOL_DIR {
+        if dir.is_placeholder() {
             return Err(Error::ReadOnly(
                 "placeholder of an unreachable subvolume".into(),
             ));
@@ -250,8 +250,9 @@ impl Filesystem {
         let target = entry.id;
         // Count on from the index this may have been the last of.
         self.index_counter(w, dir)?;
-        if target.ino == EMPTY_SUBVOL_DIR {
-            return self.remove_placeholder(w, dir, name, now);
+        if target.is_placeholder() {
+            self.remove_placeholder(w, dir, name, now)?;
+            return Ok(target);
         }
         // Where the inode keeps this name: its INODE_REF for `dir`, or an
         // INODE_EXTREF keyed by the hash of `dir` and the name.
@@ -339,7 +340,7 @@ impl Filesystem {
         dir: InodeId,
         name: &[u8],
         now: Timespec,
-    ) -> Result<InodeId> {
+    ) -> Result<()> {
         let tree = self.fs_tree(dir.subvol)?;
         let mut index = None;
         for item in tree.items_of(dir.ino, DIR_INDEX_KEY)? {
@@ -373,11 +374,8 @@ impl Filesystem {
             d.size = d.size.saturating_sub(2 * name.len() as u64);
             d.mtime = now;
             d.ctime = now;
-        })?;
-        Ok(InodeId {
-            subvol: dir.subvol,
-            ino: EMPTY_SUBVOL_DIR,
         })
+        .map(drop)
     }
 
     /// Create an inode of any kind but directory-with-contents under `dir`.
@@ -535,7 +533,7 @@ impl Filesystem {
         }
         let now = Timespec::now();
         let target = self.remove_name(&mut w, dir, name, &entry, now)?;
-        if target.ino == EMPTY_SUBVOL_DIR {
+        if target.is_placeholder() {
             return Ok(());
         }
         self.delete_inode(&mut w, target)

@@ -337,7 +337,7 @@ impl Filesystem {
 
     /// Attributes of an inode.
     pub fn stat(&self, id: InodeId) -> Result<Stat> {
-        if id.ino == super::dir::EMPTY_SUBVOL_DIR {
+        if id.is_placeholder() {
             return Ok(super::dir::empty_subvol_dir_stat(id, self.opened_at));
         }
         let item = self.inode_item(id)?;

@@ -1,6 +1,6 @@
 //! Extended attributes: XATTR_ITEM entries keyed by the name hash.
 
-use super::dir::{EMPTY_SUBVOL_DIR, name_hash};
+use super::dir::name_hash;
 use super::inode::InodeId;
 use super::open::Filesystem;
 use crate::Result;
@@ -11,7 +11,7 @@ use crate::format::items::DirItem;
 impl Filesystem {
     /// Every xattr of `id` as (name, value), in key order.
     pub fn xattrs(&self, id: InodeId) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        if id.ino == EMPTY_SUBVOL_DIR {
+        if id.is_placeholder() {
             return Ok(Vec::new());
         }
         let tree = self.fs_tree(id.subvol)?;
@@ -31,7 +31,7 @@ impl Filesystem {
 
     /// The value of xattr `name` of `id`.
     pub fn get_xattr(&self, id: InodeId, name: &[u8]) -> Result<Option<Vec<u8>>> {
-        if id.ino == EMPTY_SUBVOL_DIR {
+        if id.is_placeholder() {
             return Ok(None);
         }
         let tree = self.fs_tree(id.subvol)?;

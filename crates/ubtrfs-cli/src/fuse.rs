@@ -233,6 +233,15 @@ impl FuseFs {
         {
             tracing::warn!("io_uring queues: {e}");
         }
+        // Nothing is looked up any more: deleted subvolumes that were
+        // still known go before the last commit.
+        if self.served.writable()
+            && let Err(e) = self
+                .served
+                .write_committing("unmount", |fs| fs.end_subvolume_holds())
+        {
+            tracing::debug!("{e:?}");
+        }
         // The session is over: the last commit. It runs once however often
         // this is reached; the mount command reports its outcome.
         if let Err(e) = self.served.finish() {
@@ -240,14 +249,30 @@ impl FuseFs {
         }
     }
 
-    /// The kernel forgot `ino` (it counts lookups and forgets an inode
-    /// once): the last reference to a held special file is gone.
-    pub(super) fn on_forget(&self, ino: INodeNo) {
+    /// The kernel forgot `ino` (it counts lookups, `nlookup` of them, and
+    /// forgets an inode once): the last reference to a held special file
+    /// is gone; the last inode the kernel knew of a subvolume deleted
+    /// meanwhile takes the subvolume's tree with it.
+    pub(super) fn on_forget(&self, ino: INodeNo, nlookup: u64) {
         let id = self.inode_of(ino);
         if self.held().remove(&id)
             && let Err(e) = self.served.write(|fs| fs.release_inode(id).map_err(errno))
         {
             tracing::debug!("releasing inode {} after forget: {e:?}", id.ino);
+        }
+        if self.subvol_counted(id.subvol)
+            && self
+                .served
+                .fs_unlocked()
+                .release_subvolume(id.subvol, nlookup)
+        {
+            fuse_ring::leave_idle();
+            let dropped = self.served.write_committing("deleted subvolume", |fs| {
+                fs.drop_deleted_subvolume(id.subvol)
+            });
+            if let Err(e) = dropped {
+                tracing::warn!("dropping deleted subvolume {}: {e:?}", id.subvol);
+            }
         }
     }
 
@@ -339,9 +364,33 @@ impl FuseFs {
         })
     }
 
-    /// The entry reply for `st`: attributes and generation.
+    /// The entry reply for `st`: attributes and generation. The kernel
+    /// counts it as one lookup of `st`'s inode.
     fn entry(&self, st: &Stat) -> Result<(FileAttr, Generation), Errno> {
+        let reply = self.entry_uncounted(st)?;
+        self.kernel_learns(st.id, 1);
+        Ok(reply)
+    }
+
+    /// [`FuseFs::entry`] for a reply that may not take it (readdirplus).
+    fn entry_uncounted(&self, st: &Stat) -> Result<(FileAttr, Generation), Errno> {
         Ok((self.attr(st)?, Generation(st.generation)))
+    }
+
+    /// The kernel counted `n` lookups of `id`; it holds them until it
+    /// forgets the inode. A subvolume deleted meanwhile keeps its tree
+    /// until every inode of it is forgotten, as in the kernel (a shell
+    /// may be working in it). Counted per subvolume, and only where a
+    /// deletion through the mount can reach: not the top level, not the
+    /// mounted subvolume.
+    fn kernel_learns(&self, id: InodeId, n: u64) {
+        if self.subvol_counted(id.subvol) {
+            self.served.fs_unlocked().hold_subvolume(id.subvol, n);
+        }
+    }
+
+    fn subvol_counted(&self, subvol: u64) -> bool {
+        self.served.writable() && subvol != TOP_SUBVOL && subvol != self.root.subvol
     }
 
     /// The inode `name` names in directory `dir`, including `.` and `..`.
@@ -771,8 +820,9 @@ impl FuseFs {
         let done = closed.and_then(|orphan| {
             if orphan {
                 fuse_ring::leave_idle();
+                // May drop a deleted subvolume's tree, and commit.
                 self.served
-                    .write(|fs| fs.delete_closed_orphan(id).map_err(errno))
+                    .write_committing("last close", |fs| fs.delete_closed_orphan(id))
             } else {
                 Ok(())
             }
@@ -877,9 +927,21 @@ impl FuseFs {
                 offset,
                 64,
                 |(cookie, name, id, _)| {
-                    let (attr, generation) = self.entry(&fs.stat(id).map_err(errno)?)?;
-                    let name = OsStr::from_bytes(&name);
-                    Ok(reply.add(attr.ino, cookie, name, &ttl, &attr, generation))
+                    let (attr, generation) = self.entry_uncounted(&fs.stat(id).map_err(errno)?)?;
+                    let full = reply.add(
+                        attr.ino,
+                        cookie,
+                        OsStr::from_bytes(&name),
+                        &ttl,
+                        &attr,
+                        generation,
+                    );
+                    // The kernel counts a lookup for each entry it takes,
+                    // but for `.` and `..`.
+                    if !full && name != b"." && name != b".." {
+                        self.kernel_learns(id, 1);
+                    }
+                    Ok(full)
                 },
             )
         });

@@ -10,6 +10,10 @@
 //! writes to it, and check stays clean. Then the origin and its last
 //! snapshot go too, and the used space comes back to that of an image made
 //! without them.
+//!
+//! A subvolume deleted while a file in it is held lives on for it, as in
+//! the kernel, and goes with the last release, or at the next open after
+//! a crash.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,7 +25,7 @@ use ubtrfs::Error;
 use ubtrfs::format::Key;
 use ubtrfs::format::consts::{ORPHAN_ITEM_KEY, ORPHAN_OBJECTID, ROOT_ITEM_KEY};
 use ubtrfs::format::items::RootItem;
-use ubtrfs::fs::{Filesystem, InodeId};
+use ubtrfs::fs::{Filesystem, InodeId, NewInode};
 
 fn run(cmd: &mut Command) -> String {
     testkit::run(cmd).unwrap_or_else(|e| panic!("{e:#}"))
@@ -518,4 +522,92 @@ fn a_drop_the_kernel_left_half_done_is_finished_at_open() {
     std::fs::write(m.path().join("keep/after"), bytes(9, 10_000)).unwrap();
     m.unmount().unwrap();
     check(&img, "after the kernel's write");
+}
+
+/// Dead roots in the image: (root tree) orphan items of subvolumes.
+fn dead_roots(img: &Path) -> usize {
+    let out = run(Command::new("btrfs")
+        .args(["inspect-internal", "dump-tree", "-t", "root"])
+        .arg(img));
+    out.lines()
+        .filter(|l| l.contains("key (ORPHAN ORPHAN_ITEM"))
+        .count()
+}
+
+/// A subvolume deleted while a file in it is held (open) goes as the
+/// kernel's does: gone from its directory and from the list at once, while
+/// its file is still read, written and fsynced, and a new file made beside
+/// it; a snapshot of it, or a subvolume made in it, is refused (ENOENT).
+/// Its tree goes with the last release. A crash before that (the hold
+/// never released) leaves a dead root that `btrfs check` accepts and that
+/// the next open drops; the kernel reads both images.
+#[test]
+fn a_subvolume_deleted_in_use_lives_until_its_last_release() {
+    testkit::require_privileged!();
+    let t = TestDir::new("lib-subvol-delete-in-use").unwrap();
+    let opts = KernelImageOptions {
+        mkfs: MkfsOptions {
+            device_size: 256 << 20,
+            ..MkfsOptions::default()
+        },
+        mount_options: String::new(),
+    };
+    let image = kernel_image(&t.join("img"), &opts, |_| Ok(())).unwrap();
+    let img = image.path().to_path_buf();
+    let file = NewInode {
+        mode: libc::S_IFREG | 0o644,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+    };
+    for crash in [false, true] {
+        let fs = Filesystem::open_read_write(&[&img]).unwrap();
+        let top = fs.root();
+        let v = fs.create_subvolume(top, b"v", 0, 0).unwrap();
+        let f = fs.create(v, b"f", file).unwrap().id;
+        fs.write(f, 0, &vec![5u8; 200_000]).unwrap();
+        fs.commit().unwrap();
+        fs.hold_inode(f);
+        fs.delete_subvolume(top, b"v", false).unwrap();
+        assert!(matches!(fs.lookup(top, b"v"), Err(Error::NotFound(_))));
+        assert!(fs.subvolumes().unwrap().is_empty());
+        assert_eq!(dead_roots(&img), 1, "the deletion is committed, dead");
+        // Still a working subvolume for what holds it.
+        assert_eq!(fs.read_all(f).unwrap(), vec![5u8; 200_000]);
+        fs.write(f, 100_000, b"later").unwrap();
+        fs.fsync(f, false).unwrap();
+        let g = fs.create(v, b"g", file).unwrap().id;
+        fs.write(g, 0, b"beside").unwrap();
+        assert_eq!(fs.read_all(g).unwrap(), b"beside");
+        assert_eq!(fs.read(f, 100_000, 5).unwrap(), b"later");
+        assert!(matches!(
+            fs.create_snapshot(v.subvol, top, b"s", false),
+            Err(Error::NotFound(_))
+        ));
+        assert!(matches!(
+            fs.create_subvolume(v, b"inner", 0, 0),
+            Err(Error::NotFound(_))
+        ));
+        fs.commit().unwrap();
+        if crash {
+            // No release: the process dies holding the file.
+            drop(fs);
+            check(&img, "with a dead root left by a crash");
+            assert_eq!(dead_roots(&img), 1);
+            let fs = Filesystem::open_read_write(&[&img]).unwrap();
+            assert_eq!(dead_roots(&img), 0, "the next open dropped it");
+            assert!(fs.tree_by_id(v.subvol).is_err());
+            drop(fs);
+        } else {
+            fs.release_inode(f).unwrap();
+            assert_eq!(dead_roots(&img), 0, "the last release dropped it");
+            assert!(fs.tree_by_id(v.subvol).is_err());
+            drop(fs);
+        }
+        check(&img, "after the deleted subvolume went");
+        let mnt = t.join("mnt");
+        let m = Mount::new(&[&img], &mnt, "").unwrap();
+        assert_eq!(std::fs::read_dir(&mnt).unwrap().count(), 0);
+        m.unmount().unwrap();
+    }
 }

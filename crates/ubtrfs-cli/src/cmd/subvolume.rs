@@ -95,8 +95,10 @@ pub struct SnapshotArgs {
 PATH, in a ubtrfs mount or (with devices) absolute inside an unmounted \
 filesystem, must be the root of a subvolume or snapshot; it is deleted \
 with everything in it and the deletion is committed. The top-level \
-subvolume, the default subvolume, a subvolume holding other subvolumes and \
-one with files open cannot be deleted; in a mount, only root deletes."
+subvolume, the default subvolume and a subvolume holding other subvolumes \
+cannot be deleted; in a mount, only root deletes. As in the kernel, a \
+subvolume still in use in a mount (a file open in it, a working directory) \
+goes from view at once, and its space when the last use ends."
 )]
 pub struct DeleteArgs {
     /// The filesystem's devices (all of them, any order) if it is not
@@ -265,9 +267,7 @@ fn send(dir: &std::fs::File, request: &SubvolRequest) -> Result<()> {
             (SubvolRequest::Destroy { .. }, libc::EPERM) => {
                 "the top-level and the default subvolume are never deleted"
             }
-            (SubvolRequest::Destroy { .. }, libc::EOPNOTSUPP) => {
-                "a file in it is open (or quotas are enabled)"
-            }
+            (SubvolRequest::Destroy { .. }, libc::EOPNOTSUPP) => "quotas are enabled",
             (SubvolRequest::Destroy { .. }, libc::ENOTEMPTY) => "it holds other subvolumes",
             (_, libc::EEXIST) => "the name exists",
             (_, libc::ENOTTY) => "the mount is too old to answer subvolume requests",

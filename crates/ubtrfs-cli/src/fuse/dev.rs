@@ -33,8 +33,8 @@ impl DevHandler for DevServer {
         }
     }
 
-    fn forget(&self, nodeid: u64, _nlookup: u64) {
-        self.fs.on_forget(INodeNo(nodeid));
+    fn forget(&self, nodeid: u64, nlookup: u64) {
+        self.fs.on_forget(INodeNo(nodeid), nlookup);
     }
 }
 

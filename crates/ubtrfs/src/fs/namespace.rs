@@ -581,7 +581,8 @@ impl Filesystem {
     /// The first half of [`Filesystem::release_inode`], which reads no
     /// tree and changes nothing on disk (so a FUSE mount runs it without
     /// its lock): counts the user of `id` gone, and tells whether it was
-    /// the last one of an inode orphaned while in use, which
+    /// the last one of an inode orphaned while in use, or the last use of
+    /// a subvolume deleted while in use, which
     /// [`Filesystem::delete_closed_orphan`] then deletes.
     pub fn close_inode(&self, id: InodeId) -> Result<bool> {
         let mut open = self.open_inodes();
@@ -593,7 +594,8 @@ impl Filesystem {
             return Ok(false);
         }
         open.users.remove(&id);
-        Ok(self.writer.is_some() && open.orphaned.contains(&id))
+        Ok(self.writer.is_some()
+            && (open.orphaned.contains(&id) || open.deleted_and_unused(id.subvol)))
     }
 
     /// Whether `id` has an orphan item (no names left, kept while used).
@@ -603,10 +605,15 @@ impl Filesystem {
     }
 
     /// The second half of [`Filesystem::release_inode`]: deletes orphan
-    /// `id` unless it is in use again or gone already.
+    /// `id` unless it is in use again or gone already. In a subvolume
+    /// deleted while in use, the whole tree goes instead, once unused
+    /// ([`Filesystem::drop_deleted_subvolume`]).
     pub fn delete_closed_orphan(&self, id: InodeId) -> Result<()> {
         if self.writer.is_none() || self.open_count(id) > 0 {
             return Ok(());
+        }
+        if self.open_inodes().deleted_in_use.contains(&id.subvol) {
+            return self.drop_deleted_subvolume(id.subvol);
         }
         self.open_inodes().orphaned.remove(&id);
         if !self.has_orphan_item(id)? {

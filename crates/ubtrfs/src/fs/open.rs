@@ -496,9 +496,28 @@ fn now() -> crate::format::items::Timespec {
 
 /// Inodes in use by open files, with their use counts, and those of them
 /// that lost their last name while in use (orphans, deleted at the last
-/// close): the last close knows without reading a tree.
+/// close): the last close knows without reading a tree. Likewise whole
+/// subvolumes: holds on them, and those deleted while in use.
 #[derive(Default)]
 pub(crate) struct OpenInodes {
     pub users: HashMap<InodeId, u32>,
     pub orphaned: std::collections::HashSet<InodeId>,
+    /// Holds on whole subvolumes (see [`Filesystem::hold_subvolume`]).
+    pub subvol_holds: HashMap<u64, u64>,
+    /// Subvolumes deleted while in use: dead (no refs, an orphan item in
+    /// the root tree), their trees dropped when the last use ends.
+    pub deleted_in_use: std::collections::HashSet<u64>,
+}
+
+impl OpenInodes {
+    /// Whether anything holds subvolume `id` or an inode in it.
+    pub fn subvol_in_use(&self, id: u64) -> bool {
+        self.subvol_holds.get(&id).is_some_and(|&n| n > 0)
+            || self.users.keys().any(|i| i.subvol == id)
+    }
+
+    /// Whether subvolume `id` was deleted while in use and is used no more.
+    pub fn deleted_and_unused(&self, id: u64) -> bool {
+        self.deleted_in_use.contains(&id) && !self.subvol_in_use(id)
+    }
 }

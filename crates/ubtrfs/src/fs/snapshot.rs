@@ -128,6 +128,7 @@ impl Filesystem {
         let (_, src_item) = self
             .find_root(source)?
             .ok_or_else(|| Error::NotFound(format!("subvolume {source}")))?;
+        self.check_not_deleted(source)?;
         // The source's blocks on disk, none left for this transaction to
         // rewrite in place once they are shared.
         self.commit_locked(&mut w)?;
@@ -217,6 +218,7 @@ impl Filesystem {
         check_name(name)?;
         self.writable_dir(dir)?;
         w.check_writable(dir.subvol)?;
+        self.check_not_deleted(dir.subvol)?;
         if self.root_ptr(QUOTA_TREE_OBJECTID)?.is_some() {
             return Err(Error::Unsupported(
                 "creating subvolumes with quotas enabled".into(),

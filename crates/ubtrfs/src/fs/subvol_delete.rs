@@ -3,10 +3,17 @@
 //! The link goes first (directory entries in the parent, ROOT_REF and
 //! ROOT_BACKREF, UUID tree entries), then the tree is dropped: every block
 //! it reaches loses this tree's reference, blocks it alone held are freed
-//! (their space pinned until the commit), and the ROOT_ITEM goes. v1 does
-//! all of it in one transaction, so a crash leaves either the subvolume or
-//! nothing; no half-dropped root is ever written. A drop the kernel left
-//! half done is finished from where it stopped.
+//! (their space pinned until the commit), and the ROOT_ITEM goes. An
+//! unused subvolume goes in one transaction, so a crash leaves either the
+//! subvolume or nothing; no half-dropped root is ever written.
+//!
+//! A subvolume in use (open files, a FUSE mount's kernel still knowing
+//! inodes in it: a shell's working directory) is, as in the kernel, only
+//! unlinked and marked dead: its root item gets no refs and the root tree
+//! an orphan item for it. Its files keep working until the last use ends;
+//! then the tree is dropped. A crash before that leaves the dead root to
+//! the next mount, ours or the kernel's. A drop the kernel left half done
+//! is finished from where it stopped.
 
 use super::dir::name_hash;
 use super::inode::{FileKind, InodeId};
@@ -65,14 +72,6 @@ impl Filesystem {
                 n.key().offset
             )));
         }
-        // The kernel keeps a deleted tree until its last open file closes;
-        // v1 does not, so it refuses instead.
-        if self.open_inodes().users.keys().any(|i| i.subvol == id) {
-            return Err(Error::Unsupported(format!(
-                "deleting {}: files in it are open",
-                shown()
-            )));
-        }
         if only_empty && !self.read_dir_up_to(entry.id, 0, 1)?.is_empty() {
             return Err(Error::NotEmpty(shown()));
         }
@@ -88,8 +87,121 @@ impl Filesystem {
         if item.received_uuid != [0; 16] {
             self.remove_uuid(&mut w, &item.received_uuid, UUID_KEY_RECEIVED_SUBVOL, id)?;
         }
-        self.drop_subvol_tree(&mut w, id, None)?;
+        let in_use = {
+            // Decided and marked at once: a last use ending in between
+            // either came first (the tree goes now) or sees the mark.
+            let mut open = self.open_inodes();
+            let in_use = open.subvol_in_use(id);
+            if in_use {
+                open.deleted_in_use.insert(id);
+            }
+            in_use
+        };
+        if in_use {
+            self.mark_dead(&mut w, id)?;
+        } else {
+            self.drop_subvol_tree(&mut w, id, None)?;
+        }
         self.commit_locked(&mut w)
+    }
+
+    /// Someone uses `n` more of subvolume `subvol` (a FUSE mount: the
+    /// inodes the kernel knows in it): a deletion keeps its tree until
+    /// every use ends, as the kernel keeps a deleted subvolume while an
+    /// inode of it is in memory.
+    pub fn hold_subvolume(&self, subvol: u64, n: u64) {
+        *self.open_inodes().subvol_holds.entry(subvol).or_insert(0) += n;
+    }
+
+    /// `n` uses of `subvol` ended. True if it was deleted while in use and
+    /// nothing uses it now: [`Filesystem::drop_deleted_subvolume`] (which
+    /// changes the disk, so a FUSE mount calls it under its lock) drops it.
+    pub fn release_subvolume(&self, subvol: u64, n: u64) -> bool {
+        let mut open = self.open_inodes();
+        if let Some(held) = open.subvol_holds.get_mut(&subvol) {
+            *held = held.saturating_sub(n);
+            if *held == 0 {
+                open.subvol_holds.remove(&subvol);
+            }
+        }
+        self.writer.is_some() && open.deleted_and_unused(subvol)
+    }
+
+    /// Drop the tree of `subvol`, deleted while in use, if nothing uses it
+    /// any more, and commit.
+    pub fn drop_deleted_subvolume(&self, subvol: u64) -> Result<()> {
+        let mut w = self.writer_deleting()?;
+        {
+            let mut open = self.open_inodes();
+            if !open.deleted_and_unused(subvol) {
+                return Ok(());
+            }
+            open.deleted_in_use.remove(&subvol);
+            // Its orphans go with the tree.
+            open.orphaned.retain(|i| i.subvol != subvol);
+        }
+        let dead = self.find_root(subvol)?.is_some_and(|(_, r)| r.refs == 0);
+        if !dead {
+            return Ok(());
+        }
+        self.long_work_ahead();
+        // Its files' delayed data written and its blocks on disk: the drop
+        // then meets no block this transaction made.
+        self.commit_locked(&mut w)?;
+        self.drop_subvol_tree(&mut w, subvol, None)?;
+        self.modify_tree(&mut w, ROOT_TREE_OBJECTID, |ed, root| {
+            ed.delete(root, Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, subvol))
+        })?;
+        self.commit_locked(&mut w)
+    }
+
+    /// Every hold on subvolumes ends (a FUSE session is over, whatever
+    /// the kernel forgot before): the subvolumes deleted while in use that
+    /// no open file holds are dropped.
+    pub fn end_subvolume_holds(&self) -> Result<()> {
+        let ids: Vec<u64> = {
+            let mut open = self.open_inodes();
+            open.subvol_holds.clear();
+            open.deleted_in_use.iter().copied().collect()
+        };
+        for id in ids {
+            self.drop_deleted_subvolume(id)?;
+        }
+        Ok(())
+    }
+
+    /// Refuse to put anything into, or snapshot, a subvolume deleted
+    /// while in use (ENOENT, as the kernel answers).
+    pub(crate) fn check_not_deleted(&self, subvol: u64) -> Result<()> {
+        if self.find_root(subvol)?.is_some_and(|(_, r)| r.refs == 0) {
+            return Err(Error::NotFound(format!("subvolume {subvol} was deleted")));
+        }
+        Ok(())
+    }
+
+    /// Mark unlinked subvolume `id` dead, as the kernel leaves a deleted
+    /// subvolume for its cleaner: no refs in its root item, and an orphan
+    /// item for it in the root tree.
+    fn mark_dead(&self, w: &mut Writer, id: u64) -> Result<()> {
+        let found = self
+            .root_tree()
+            .get_le(&Key::new(id, ROOT_ITEM_KEY, u64::MAX))?
+            .filter(|it| it.key().objectid == id && it.key().item_type == ROOT_ITEM_KEY)
+            .ok_or_else(|| Error::corrupt(format!("subvolume {id} has no root item")))?;
+        let key = found.key();
+        let mut data = found.data().to_vec();
+        let refs = data
+            .get_mut(216..220)
+            .ok_or_else(|| Error::corrupt(format!("subvolume {id} has a short root item")))?;
+        refs.copy_from_slice(&0u32.to_le_bytes());
+        self.modify_tree(w, ROOT_TREE_OBJECTID, |ed, root| {
+            ed.put(root, key, data)?;
+            ed.put(
+                root,
+                Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, id),
+                Vec::new(),
+            )
+        })
     }
 
     /// Finish the deletions the kernel left to its cleaner: a deleted

@@ -298,6 +298,11 @@ impl Filesystem {
             return Ok(None);
         };
         let r = RootItem::parse(item.data())?;
+        if r.refs == 0 {
+            // A subvolume deleted while in use: a log replayed into it
+            // after a crash would meet a tree on its way out. Commit.
+            return Ok(None);
+        }
         Ok(Some(RootPtr {
             bytenr: r.bytenr,
             level: r.level,

@@ -89,6 +89,7 @@
 //! sequence number plus 2, so a listing resumes exactly where it stopped
 //! even if it was interrupted.
 
+mod caller_access;
 pub mod control;
 mod copy;
 mod deferred;
@@ -1396,7 +1397,9 @@ impl FuseFs {
                 Ok(r) => r,
                 Err(e) => return reply.error(e),
             };
-            if req.uid() != 0 {
+            // As in the kernel (without `user_subvol_rm_allowed`): only
+            // root deletes.
+            if req.uid() != 0 && matches!(request, subvol_ioctl::SubvolRequest::Destroy { .. }) {
                 return reply.error(Errno::EPERM);
             }
             // Served, and the kernel's cache of the name dropped, on a
@@ -1549,14 +1552,26 @@ impl FuseFs {
         request: &subvol_ioctl::SubvolRequest,
     ) -> Result<(), Errno> {
         use subvol_ioctl::SubvolRequest;
-        // The caller is root (checked before the thread started).
         if !self.served.writable() {
             return Err(Errno::EROFS);
         }
         let dir = self.inode_of(ino);
         let name = request.name();
+        // Another user than root creates and snapshots where the kernel
+        // would let them (deletions were refused before the thread).
+        let caller = match req.uid() {
+            0 => None,
+            _ => Some(caller_access::Credentials::of(req.pid()).map(|mut c| {
+                // The request's own ids are the ones its kernel call had.
+                (c.uid, c.gid) = (req.uid(), req.gid());
+                c
+            })?),
+        };
         match request {
             SubvolRequest::Create { .. } => {
+                if let Some(who) = &caller {
+                    self.check_may_link(req, ino, name, who)?;
+                }
                 // The kernel applies the caller's umask to the new root.
                 let mode = 0o777 & !caller_umask(req.pid()).unwrap_or(0o022);
                 self.served.write(|fs| {
@@ -1588,6 +1603,14 @@ impl FuseFs {
                     return Err(Errno::EXDEV);
                 }
                 let src = self.inode_of(INodeNo(src_ino));
+                if let Some(who) = &caller {
+                    // The kernel's order: the source's owner, then the name.
+                    let owner = self.served.read(|fs| fs.stat(src).map_err(errno))?.uid;
+                    if owner != who.uid && !who.fowner {
+                        return Err(Errno::EPERM);
+                    }
+                    self.check_may_link(req, ino, name, who)?;
+                }
                 // Commits inside: a failure there is a failed commit.
                 self.served.write_committing("snapshot", |fs| {
                     if fs.stat(dir)?.kind != FileKind::Dir {
@@ -1607,6 +1630,43 @@ impl FuseFs {
                 })
             }
         }
+    }
+
+    /// Whether `who`, who is not root, may link a new subvolume as `name`
+    /// in directory `ino`, as the kernel decides it: `EEXIST` first, then
+    /// the caller's permission on its own descriptor of the directory (see
+    /// `caller_access`). No lock is held: the kernel may ask for
+    /// attributes meanwhile.
+    fn check_may_link(
+        &self,
+        req: &Caller,
+        ino: INodeNo,
+        name: &[u8],
+        who: &caller_access::Credentials,
+    ) -> Result<(), Errno> {
+        let dir = self.inode_of(ino);
+        match self.served.read(|fs| fs.lookup(dir, name)) {
+            Ok(_) => return Err(Errno::EEXIST),
+            Err(ubtrfs::Error::NotFound(_)) => {}
+            Err(e) => return Err(errno(e)),
+        }
+        let dev = self
+            .mount_dev
+            .get()
+            .copied()
+            .or_else(|| subvol_ioctl::mount_device(&self.mountpoint))
+            .ok_or(Errno::EPERM)?;
+        let fds = caller_access::descriptors_of(req.pid(), dev, ino.0);
+        if fds.is_empty() {
+            // The descriptor the request came on is gone, or not the
+            // caller's own: nothing to check against.
+            return Err(Errno::EPERM);
+        }
+        // Every view the caller holds of the directory must allow it.
+        for fd in fds {
+            caller_access::may_add_name(req.pid(), fd, who)?;
+        }
+        Ok(())
     }
 
     /// Learn the mount's device, once mounted (snapshot sources are

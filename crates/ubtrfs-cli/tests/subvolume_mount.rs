@@ -133,32 +133,102 @@ fn subvolumes_come_and_go_on_a_live_mount() {
     );
     assert!(!mnt.join("bad").exists());
 
-    // Another user: refused, whatever the directory allows.
-    std::fs::create_dir(mnt.join("user")).unwrap();
-    std::os::unix::fs::chown(mnt.join("user"), Some(1000), Some(1000)).unwrap();
-    let as_user = |args: &[&str]| {
+    // Another user, as in the kernel: creates subvolumes where they may
+    // add a name (their directory, their group's, one an ACL opens to
+    // them), snapshots their own, deletes and lists none.
+    let dir = |name: &str, owner: u32, group: u32, mode: u32| {
+        let d = mnt.join(name);
+        std::fs::create_dir(&d).unwrap();
+        std::os::unix::fs::chown(&d, Some(owner), Some(group)).unwrap();
+        std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+    };
+    dir("user", 1000, 1000, 0o755);
+    dir("grp", 0, 2000, 0o775);
+    dir("acl", 0, 0, 0o755);
+    let setfacl = Command::new("setfacl")
+        .args(["-m", "u:1000:rwx"])
+        .arg(mnt.join("acl"))
+        .output()
+        .unwrap();
+    assert!(setfacl.status.success(), "{}", show(&setfacl));
+    let as_user = |groups: &str, args: &[&str]| {
         Command::new("setpriv")
-            .args(["--reuid=1000", "--regid=1000", "--clear-groups"])
+            .args(["--reuid=1000", "--regid=1000", groups])
             .arg(common::ubtrfs_bin())
             .args(args)
             .output()
             .unwrap()
     };
-    for args in [
-        &["subvolume", "create", &p(&mnt, "user/mine")][..],
-        &["subvolume", "snapshot", &p(&mnt, "vol"), &p(&mnt, "user/v")],
-        &["subvolume", "delete", &p(&mnt, "snaps/vol")],
-        &["subvolume", "list", &p(&mnt, "user")],
-    ] {
-        let out = as_user(args);
+    let user_ok = |groups: &str, args: &[&str]| {
+        let out = as_user(groups, args);
+        assert!(out.status.success(), "{args:?} as a user: {}", show(&out));
+    };
+    let user_fails = |groups: &str, args: &[&str], wanted: &str| {
+        let out = as_user(groups, args);
         assert!(
-            !out.status.success() && show(&out).contains("only root"),
-            "{args:?}: {}",
+            !out.status.success() && show(&out).contains(wanted),
+            "{args:?} as a user should fail with {wanted:?}: {}",
             show(&out)
         );
+    };
+    let none = "--clear-groups";
+    user_ok(none, &["subvolume", "create", &p(&mnt, "user/mine")]);
+    user_ok("--groups=2000", &["subvolume", "create", &p(&mnt, "grp/g")]);
+    user_ok(none, &["subvolume", "create", &p(&mnt, "acl/a")]);
+    for v in ["user/mine", "grp/g", "acl/a"] {
+        let m = std::fs::metadata(mnt.join(v)).unwrap();
+        assert_eq!(
+            (m.uid(), m.gid(), m.ino() & 0xff_ffff_ffff),
+            (1000, 1000, 256),
+            "{v}"
+        );
     }
-    assert!(!mnt.join("user/mine").exists() && !mnt.join("user/v").exists());
-    assert!(mnt.join("snaps/vol").exists());
+    user_fails(
+        none,
+        &["subvolume", "create", &p(&mnt, "grp/g2")],
+        "no permission",
+    );
+    user_fails(
+        none,
+        &["subvolume", "create", &p(&mnt, "nope")],
+        "no permission",
+    );
+    user_fails(
+        none,
+        &["subvolume", "create", &p(&mnt, "user/mine")],
+        "exists",
+    );
+    user_ok(
+        none,
+        &[
+            "subvolume",
+            "snapshot",
+            &p(&mnt, "user/mine"),
+            &p(&mnt, "user/mine-snap"),
+        ],
+    );
+    user_fails(
+        none,
+        &["subvolume", "snapshot", &p(&mnt, "vol"), &p(&mnt, "user/v")],
+        "owner",
+    );
+    user_fails(
+        none,
+        &["subvolume", "delete", &p(&mnt, "user/mine-snap")],
+        "only root",
+    );
+    user_fails(
+        none,
+        &["subvolume", "delete", &p(&mnt, "snaps/vol")],
+        "only root",
+    );
+    user_fails(none, &["subvolume", "list", &p(&mnt, "user")], "only root");
+    assert!(!mnt.join("user/v").exists() && !mnt.join("nope").exists());
+    assert!(!mnt.join("grp/g2").exists());
+    assert!(mnt.join("snaps/vol").exists() && mnt.join("user/mine-snap").exists());
+    for v in ["user/mine-snap", "user/mine", "grp/g", "acl/a"] {
+        ok(&["subvolume", "delete", &p(&mnt, v)]);
+    }
 
     // The caller's umask, as the kernel applies it.
     let out = Command::new("sh")
@@ -188,8 +258,34 @@ fn subvolumes_come_and_go_on_a_live_mount() {
         bind.display()
     ));
     fails(&["subvolume", "create", &p(&bind, "via-ro")], "read-only");
+    // The mount's own check, for a user sending the ioctl itself (our
+    // command would stop at the read-only mount first): EROFS (30).
+    let raw = Command::new("setpriv")
+        .args([
+            "--reuid=1000",
+            "--regid=1000",
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-c",
+        ])
+        .arg(
+            "import fcntl, os, sys\n\
+             fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)\n\
+             a = bytearray(4096); a[8:14] = b'via-ro'\n\
+             try:\n    fcntl.ioctl(fd, 0x5000940e, a); print('created')\n\
+             except OSError as e:\n    print('errno', e.errno)\n",
+        )
+        .arg(bind.join("user"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&raw.stdout).trim(),
+        "errno 30",
+        "{}",
+        show(&raw)
+    );
     sh(format!("umount '{}'", bind.display()));
-    assert!(!mnt.join("via-ro").exists());
+    assert!(!mnt.join("via-ro").exists() && !mnt.join("user/via-ro").exists());
 
     // Deleted: gone from the mount at once, and durable.
     let out = ok(&["subvolume", "delete", &p(&mnt, "ro")]);

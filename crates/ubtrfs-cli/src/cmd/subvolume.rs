@@ -54,7 +54,8 @@ pub struct ListArgs {
 With PATH alone, PATH is in a ubtrfs mount. With devices, the filesystem is \
 not mounted and PATH is absolute inside it. The parent directory must exist \
 and the last component must not. The new subvolume's root directory belongs \
-to the calling user."
+to the calling user. In a mount, as in the kernel, anyone who may add a name \
+to the parent directory may create a subvolume there."
 )]
 pub struct CreateArgs {
     /// The filesystem's devices (all of them, any order) if it is not
@@ -74,7 +75,8 @@ If DEST is an existing directory the snapshot goes into it under SOURCE's \
 name; else DEST names the snapshot. Nested subvolumes show up in the \
 snapshot as empty directories, as with the kernel. In a mount, what was \
 written to the mount before is in the snapshot; pending changes are \
-committed first."
+committed first. As in the kernel, the source's owner (or root) may \
+snapshot it wherever they may add a name."
 )]
 pub struct SnapshotArgs {
     /// Make the snapshot read-only.
@@ -260,9 +262,13 @@ fn send(dir: &std::fs::File, request: &SubvolRequest) -> Result<()> {
                 "the source is not the root of a subvolume"
             }
             (SubvolRequest::Snapshot { .. }, libc::EXDEV) => "the source is not in this mount",
-            (_, libc::EPERM) if !is_root() => {
-                "in a mount, only root creates, snapshots and deletes subvolumes"
+            (SubvolRequest::Destroy { .. }, libc::EPERM) if !is_root() => {
+                "in a mount, only root deletes subvolumes"
             }
+            (SubvolRequest::Snapshot { .. }, libc::EPERM) if !is_root() => {
+                "only the source's owner (or root) snapshots it"
+            }
+            (_, libc::EACCES) => "no permission to add a name in that directory",
             (SubvolRequest::Destroy { .. }, libc::EINVAL | libc::ENOTDIR) => "not a subvolume",
             (SubvolRequest::Destroy { .. }, libc::EPERM) => {
                 "the top-level and the default subvolume are never deleted"

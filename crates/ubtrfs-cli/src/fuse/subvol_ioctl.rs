@@ -12,11 +12,10 @@
 //! reading neither the file nor its path: a lookup through the mount from
 //! a thread serving it could wait for itself.
 //!
-//! Only root may send them. The kernel lets anyone who may add a name to
-//! a directory create a subvolume there, and a source's owner snapshot it;
-//! the mount cannot check that as the kernel would (the caller's ACLs and
-//! groups, a read-only bind mount the caller went through), so it refuses
-//! rather than guess. Each is served on a thread of its own, which answers
+//! Who may send them is as in the kernel: anyone who may add a name to a
+//! directory creates a subvolume there, a source's owner snapshots it
+//! (checked by the kernel itself, see `caller_access`), and only root
+//! deletes. Each is served on a thread of its own, which answers
 //! after the kernel has dropped what it cached of the name: the kernel
 //! takes the directory's lock for that, and a thread serving requests
 //! must never wait for it (the lock's holder may be waiting for one).

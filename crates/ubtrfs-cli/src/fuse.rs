@@ -821,9 +821,15 @@ impl FuseFs {
         let done = closed.and_then(|orphan| {
             if orphan {
                 fuse_ring::leave_idle();
-                // May drop a deleted subvolume's tree, and commit.
-                self.served
-                    .write_committing("last close", |fs| fs.delete_closed_orphan(id))
+                // The last use of a subvolume deleted while in use drops its
+                // tree and commits; an orphan's deletion does not commit.
+                if self.served.fs_unlocked().deleted_in_use(id.subvol) {
+                    self.served
+                        .write_committing("last close", |fs| fs.delete_closed_orphan(id))
+                } else {
+                    self.served
+                        .write(|fs| fs.delete_closed_orphan(id).map_err(errno))
+                }
             } else {
                 Ok(())
             }
@@ -1149,10 +1155,20 @@ impl FuseFs {
         reply: R,
     ) {
         let dir = self.inode_of(parent);
-        match self
+        let name = name.as_bytes();
+        // An empty subvolume goes with rmdir, and its deletion commits: a
+        // failure there is a failed commit.
+        let subvolume = self
             .served
-            .write(|fs| fs.rmdir(dir, name.as_bytes()).map_err(errno))
-        {
+            .read(|fs| fs.lookup(dir, name))
+            .is_ok_and(|e| e.id.subvol != dir.subvol);
+        let done = if subvolume {
+            self.served
+                .write_committing("subvolume deletion", |fs| fs.rmdir(dir, name))
+        } else {
+            self.served.write(|fs| fs.rmdir(dir, name).map_err(errno))
+        };
+        match done {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
@@ -1603,6 +1619,7 @@ impl FuseFs {
                     return Err(Errno::EXDEV);
                 }
                 let src = self.inode_of(INodeNo(src_ino));
+                write_back_kernel_cache(req.pid(), *fd, dev)?;
                 if let Some(who) = &caller {
                     // The kernel's order: the source's owner, then the name.
                     let owner = self.served.read(|fs| fs.stat(src).map_err(errno))?.uid;
@@ -1676,6 +1693,43 @@ impl FuseFs {
             let _ = self.mount_dev.set(dev);
         }
     }
+}
+
+/// How long a snapshot waits for the writes of the kernel's cached pages
+/// to reach the mount (other requests may keep the queue busy).
+const WRITE_BACK_WAIT: Duration = Duration::from_secs(2);
+
+/// Have the kernel write back the pages it caches for the mount `dev`,
+/// through the file open as `fd` in process `pid` (a snapshot's source):
+/// a snapshot holds what was written before it was asked for, whoever
+/// asks. The kernel sends the writes to the mount's other threads.
+fn write_back_kernel_cache(pid: u32, fd: i64, dev: (u32, u32)) -> Result<(), Errno> {
+    // Reopened through the caller's descriptor: this very filesystem
+    // (a path to the mount point may lead to a mount over it).
+    let f = std::fs::File::open(format!("/proc/{pid}/fd/{fd}")).map_err(|_| Errno::EBADF)?;
+    // SAFETY: a plain system call on a descriptor open for this scope.
+    if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&f)) } != 0 {
+        return Err(Errno::from_i32(
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO),
+        ));
+    }
+    // syncfs returns once the pages are handed to FUSE, and their writes
+    // may still wait in the connection's queue (behind other background
+    // requests): wait, a while at most, until none but this request is.
+    let waiting = format!("/sys/fs/fuse/connections/{}/waiting", dev.1);
+    let deadline = std::time::Instant::now() + WRITE_BACK_WAIT;
+    while std::time::Instant::now() < deadline {
+        let n = std::fs::read_to_string(&waiting)
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok());
+        if n.is_none_or(|n| n <= 1) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(())
 }
 
 /// The umask of process `pid`, from `/proc/PID/status`.

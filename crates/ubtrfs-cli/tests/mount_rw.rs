@@ -1254,6 +1254,38 @@ fn fsync_settles_st_blocks() {
     m.unmount_cleanly();
 }
 
+/// A commit still refreshes st_blocks of the files written before it when
+/// an unlinked file's last close (which deletes it, and commits nothing)
+/// came in between.
+#[test]
+fn st_blocks_settle_at_a_commit_after_an_orphan_goes() {
+    use std::os::fd::AsRawFd;
+    require_privileged!();
+    let t = TestDir::new("mount-rw-blocks-orphan").unwrap();
+    let img = new_image(&t);
+    let m = RwMount::start(&img, &t.join("fuse"), &NO_TIMER);
+    let a = m.path().join("a");
+    fs::write(&a, pattern(4 << 20, 43)).unwrap();
+    let before = fs::metadata(&a).unwrap().blocks();
+    let b = m.path().join("b");
+    let mut f = File::create(&b).unwrap();
+    f.write_all(b"x").unwrap();
+    fs::remove_file(&b).unwrap();
+    drop(f);
+    let _ = fs::metadata(&a).unwrap();
+    let top = File::open(m.path()).unwrap();
+    // BTRFS_IOC_SYNC: commit now.
+    // SAFETY: an argument-less ioctl on a descriptor open for this scope.
+    assert_eq!(unsafe { libc::ioctl(top.as_raw_fd(), 0x9408) }, 0);
+    let after = fs::metadata(&a).unwrap().blocks();
+    assert_eq!(
+        after, 8192,
+        "4 MiB on disk after the commit (before: {before})"
+    );
+    drop(top);
+    m.unmount_cleanly();
+}
+
 /// An fsync when metadata space is down to its reserve answers, and the
 /// mount goes on: files can still be removed, and the last commit at
 /// unmount succeeds.

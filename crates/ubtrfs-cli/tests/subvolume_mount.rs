@@ -1,7 +1,7 @@
 //! `ubtrfs subvolume create|snapshot|delete` on a live ubtrfs mount,
 //! through the btrfs ioctls the mount answers: the subvolumes appear and
 //! go in the mount at once, a snapshot holds what was written just before
-//! it (still in the kernel's cache until the command wrote it back), a
+//! it (still in the kernel's cache until the mount had it written back), a
 //! read-only one refuses writes, wrong requests fail with a message and
 //! change nothing, only root may change subvolumes through the mount (and
 //! not through a read-only bind mount of it), `ubtrfs subvolume list`
@@ -64,7 +64,16 @@ fn subvolumes_come_and_go_on_a_live_mount() {
     let vol = std::fs::metadata(mnt.join("vol")).unwrap();
     assert!(vol.is_dir() && vol.mode() & 0o7777 == 0o755, "{vol:?}");
     assert_eq!(std::fs::read_dir(mnt.join("vol")).unwrap().count(), 0);
-    std::fs::write(mnt.join("vol/data"), vec![7u8; 300_000]).unwrap();
+    // Kept open (a close writes the kernel's pages back), and the mount's
+    // writeback held to the system's limits, not FUSE's strict one: the
+    // pages stay in the kernel's cache until the mount has it write them
+    // back for the snapshot.
+    let dev = std::fs::metadata(&mnt).unwrap().dev();
+    let bdi = format!("/sys/class/bdi/{}:{}", libc::major(dev), libc::minor(dev));
+    std::fs::write(format!("{bdi}/strict_limit"), b"0").unwrap();
+    std::fs::write(format!("{bdi}/max_ratio"), b"100").unwrap();
+    let mut still_open = std::fs::File::create(mnt.join("vol/data")).unwrap();
+    std::io::Write::write_all(&mut still_open, &vec![7u8; 300_000]).unwrap();
 
     ok(&[
         "subvolume",
@@ -77,6 +86,7 @@ fn subvolumes_come_and_go_on_a_live_mount() {
         std::fs::read(mnt.join("ro/data")).unwrap(),
         vec![7u8; 300_000]
     );
+    drop(still_open);
     let e = std::fs::write(mnt.join("ro/new"), b"x").unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
     // Changing the source leaves the snapshot as it was.
@@ -104,6 +114,30 @@ fn subvolumes_come_and_go_on_a_live_mount() {
     // A writable snapshot takes writes of its own.
     std::fs::write(mnt.join("top/only-here"), b"mine").unwrap();
     assert!(!mnt.join("only-here").exists());
+
+    // A snapshot another program asks for (the raw ioctl) holds what a
+    // file still open wrote just before, still in the kernel's cache.
+    let raw = Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(
+            "import fcntl, os, sys\n\
+             f = open(sys.argv[1] + '/vol/fresh', 'wb'); f.write(b'5' * 200000)\n\
+             src = os.open(sys.argv[1] + '/vol', os.O_RDONLY)\n\
+             top = os.open(sys.argv[1], os.O_RDONLY)\n\
+             a = bytearray(4096); a[0:8] = src.to_bytes(8, 'little'); a[56:59] = b'raw'\n\
+             fcntl.ioctl(top, 0x50009417, a)\n\
+             print(os.path.getsize(sys.argv[1] + '/raw/fresh'))\n",
+        )
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&raw.stdout).trim(),
+        "200000",
+        "{}",
+        show(&raw)
+    );
+    ok(&["subvolume", "delete", &p(&mnt, "raw")]);
 
     // Wrong requests: an error naming what is wrong, nothing changed.
     fails(

@@ -332,13 +332,7 @@ fn mounted_snapshot(source: &Path, dest: &Path, readonly: bool) -> Result<()> {
         (p, n, dest.to_path_buf())
     };
     let dir = mounted_dir(&parent)?;
-    // What the kernel still caches for the mount goes to it first, so the
-    // snapshot holds everything written before it.
-    // SAFETY: a plain syscall on a descriptor open for this scope.
-    if unsafe { libc::syncfs(src.as_raw_fd()) } != 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("writing back {}", source.display()));
-    }
+    // The mount has the kernel write back what it caches first.
     send(
         &dir,
         &SubvolRequest::Snapshot {

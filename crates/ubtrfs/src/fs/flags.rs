@@ -29,6 +29,11 @@ impl Filesystem {
                 flags & !SETTABLE_FLAGS
             )));
         }
+        if id.is_placeholder() {
+            return Err(Error::ReadOnly(
+                "placeholder of an unreachable subvolume".into(),
+            ));
+        }
         let mut w = self.writer()?;
         let st = self.stat(id)?;
         let old = st.flags;

@@ -170,6 +170,12 @@ impl Filesystem {
         Ok(())
     }
 
+    /// Whether subvolume `subvol` was deleted while in use and waits for
+    /// its last use to end (its drop then commits).
+    pub fn deleted_in_use(&self, subvol: u64) -> bool {
+        self.open_inodes().deleted_in_use.contains(&subvol)
+    }
+
     /// Refuse to put anything into, or snapshot, a subvolume deleted
     /// while in use (ENOENT, as the kernel answers).
     pub(crate) fn check_not_deleted(&self, subvol: u64) -> Result<()> {

@@ -203,6 +203,9 @@ pub struct FuseFs {
     mountpoint: Arc<std::path::PathBuf>,
     /// The mount's device, read from `/proc/self/mountinfo` once mounted.
     mount_dev: Arc<OnceLock<(u32, u32)>>,
+    /// Requests served on threads of their own now (see
+    /// [`FuseFs::on_own_thread`]).
+    own_threads: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// Capabilities the kernel agreed to at init (set once, before any other
@@ -294,6 +297,7 @@ impl FuseFs {
             rings: Arc::default(),
             mountpoint: Arc::new(opts.mountpoint),
             mount_dev: Arc::default(),
+            own_threads: Arc::default(),
         }
     }
 
@@ -1420,23 +1424,37 @@ impl FuseFs {
             }
             // Served, and the kernel's cache of the name dropped, on a
             // thread that serves no requests (see `subvol_ioctl`).
-            let (me, caller) = (self.clone(), *req);
-            let spawned = std::thread::Builder::new()
-                .name("subvolume".into())
-                .spawn(move || match me.subvol_request(&caller, ino, &request) {
-                    Ok(()) => {
-                        me.served.invalidate_entry(ino, request.name());
-                        me.served.invalidate_attrs(ino);
-                        reply.ioctl(0, &[])
-                    }
-                    Err(e) => reply.error(e),
-                });
-            if let Err(e) = spawned {
-                tracing::warn!("no thread for a subvolume request: {e}");
-            }
-            return;
+            let caller = *req;
+            return self.on_own_thread(reply, move |me| {
+                me.subvol_request(&caller, ino, &request)?;
+                me.served.invalidate_entry(ino, request.name());
+                me.served.invalidate_attrs(ino);
+                Ok(())
+            });
+        }
+        if cmd == BTRFS_IOC_SUBVOL_SETFLAGS {
+            // Commits, and may have the kernel write back first: on a
+            // thread that serves no requests, as subvolume requests.
+            let caller = *req;
+            let flags = in_data
+                .get(..8)
+                .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()));
+            return self.on_own_thread(reply, move |me| me.set_subvol_flags(&caller, ino, flags));
         }
         match cmd {
+            // `btrfs property get ro`: the subvolume's read-only flag.
+            BTRFS_IOC_SUBVOL_GETFLAGS => {
+                if id.ino != ubtrfs::format::consts::FIRST_INODE || id.is_placeholder() {
+                    return reply.error(Errno::EINVAL);
+                }
+                match self.served.read(|fs| fs.subvolume_readonly(id.subvol)) {
+                    Ok(ro) => {
+                        let flags = if ro { subvol_ioctl::SUBVOL_RDONLY } else { 0 };
+                        reply.ioctl(0, &flags.to_le_bytes())
+                    }
+                    Err(e) => reply.error(errno(e)),
+                }
+            }
             control::UBTRFS_IOC_SERVER_INFO => {
                 let mut flags = 0;
                 if self.writeback_cache() {
@@ -1608,24 +1626,22 @@ impl FuseFs {
                 })
             }
             SubvolRequest::Snapshot { fd, readonly, .. } => {
-                // The source, found before any lock is taken.
-                let (dev, src_ino) = subvol_ioctl::open_file(req.pid(), *fd)?;
-                let here = self
-                    .mount_dev
-                    .get()
-                    .copied()
-                    .or_else(|| subvol_ioctl::mount_device(&self.mountpoint));
-                if here != Some(dev) {
+                // The source, found and held before any lock is taken.
+                let mounts = caller_access::mounts_of(req.pid())?;
+                let source = caller_access::pin(req.pid(), *fd, &mounts)?;
+                if self.device() != Some(source.dev) {
                     return Err(Errno::EXDEV);
                 }
-                let src = self.inode_of(INodeNo(src_ino));
-                write_back_kernel_cache(req.pid(), *fd, dev)?;
+                let src = self.inode_of(INodeNo(source.ino));
                 if let Some(who) = &caller {
                     // The kernel's order: the source's owner, then the name.
                     let owner = self.served.read(|fs| fs.stat(src).map_err(errno))?.uid;
                     if owner != who.uid && !who.fowner {
                         return Err(Errno::EPERM);
                     }
+                }
+                write_back_kernel_cache(&source)?;
+                if let Some(who) = &caller {
                     self.check_may_link(req, ino, name, who)?;
                 }
                 // Commits inside: a failure there is a failed commit.
@@ -1667,23 +1683,96 @@ impl FuseFs {
             Err(ubtrfs::Error::NotFound(_)) => {}
             Err(e) => return Err(errno(e)),
         }
-        let dev = self
-            .mount_dev
-            .get()
-            .copied()
-            .or_else(|| subvol_ioctl::mount_device(&self.mountpoint))
-            .ok_or(Errno::EPERM)?;
-        let fds = caller_access::descriptors_of(req.pid(), dev, ino.0);
-        if fds.is_empty() {
+        let dev = self.device().ok_or(Errno::EPERM)?;
+        let views = caller_access::descriptors_of(req.pid(), dev, ino.0);
+        if views.is_empty() {
             // The descriptor the request came on is gone, or not the
             // caller's own: nothing to check against.
             return Err(Errno::EPERM);
         }
         // Every view the caller holds of the directory must allow it.
-        for fd in fds {
-            caller_access::may_add_name(req.pid(), fd, who)?;
+        for dir in &views {
+            caller_access::may_add_name(dir, who)?;
         }
         Ok(())
+    }
+
+    /// The mount's device (`major:minor`).
+    fn device(&self) -> Option<(u32, u32)> {
+        self.mount_dev
+            .get()
+            .copied()
+            .or_else(|| subvol_ioctl::mount_device(&self.mountpoint))
+    }
+
+    /// Serve a request that commits, or waits for the kernel, on a thread
+    /// of its own, which answers when `work` is done: a serving thread
+    /// must never wait for the kernel (see `subvol_ioctl`). At most
+    /// [`OWN_THREADS`] at once; beyond, `EAGAIN`.
+    fn on_own_thread<R: IoctlReply + Send + 'static>(
+        &self,
+        reply: R,
+        work: impl FnOnce(&FuseFs) -> Result<(), Errno> + Send + 'static,
+    ) {
+        if self.own_threads.fetch_add(1, Ordering::AcqRel) >= OWN_THREADS {
+            self.own_threads.fetch_sub(1, Ordering::AcqRel);
+            return reply.error(Errno::EAGAIN);
+        }
+        let me = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("subvolume".into())
+            .spawn(move || {
+                let done = work(&me);
+                me.own_threads.fetch_sub(1, Ordering::AcqRel);
+                match done {
+                    Ok(()) => reply.ioctl(0, &[]),
+                    Err(e) => reply.error(e),
+                }
+            });
+        if let Err(e) = spawned {
+            self.own_threads.fetch_sub(1, Ordering::AcqRel);
+            tracing::warn!("no thread for a subvolume request: {e}");
+        }
+    }
+
+    /// `BTRFS_IOC_SUBVOL_SETFLAGS` on the root of subvolume `ino`
+    /// (`btrfs property set ro`): by its owner or root, as in the kernel.
+    /// Before it turns read-only, the kernel writes back what it caches.
+    fn set_subvol_flags(
+        &self,
+        req: &Caller,
+        ino: INodeNo,
+        flags: Option<u64>,
+    ) -> Result<(), Errno> {
+        let id = self.inode_of(ino);
+        // The kernel's order: owner, writable mount, subvolume root, flags.
+        if req.uid() != 0 {
+            let who = caller_access::Credentials::of(req.pid())?;
+            let owner = self.served.read(|fs| fs.stat(id).map_err(errno))?.uid;
+            if owner != req.uid() && !who.fowner {
+                return Err(Errno::EPERM);
+            }
+        }
+        if !self.served.writable() {
+            return Err(Errno::EROFS);
+        }
+        if id.ino != ubtrfs::format::consts::FIRST_INODE || id.is_placeholder() {
+            return Err(Errno::EINVAL);
+        }
+        let flags = flags.ok_or(Errno::EINVAL)?;
+        if flags & !subvol_ioctl::SUBVOL_RDONLY != 0 {
+            return Err(Errno::EOPNOTSUPP);
+        }
+        let readonly = flags & subvol_ioctl::SUBVOL_RDONLY != 0;
+        if readonly
+            && let Some(dev) = self.device()
+            && let Some(dir) = caller_access::descriptors_of(req.pid(), dev, ino.0).first()
+        {
+            write_back_kernel_cache(dir)?;
+        }
+        self.served.write_committing("property", |fs| {
+            fs.set_subvolume_readonly(id.subvol, readonly)
+        })
     }
 
     /// Learn the mount's device, once mounted (snapshot sources are
@@ -1695,18 +1784,23 @@ impl FuseFs {
     }
 }
 
+/// Requests served on threads of their own at once, at most.
+const OWN_THREADS: usize = 16;
+
 /// How long a snapshot waits for the writes of the kernel's cached pages
 /// to reach the mount (other requests may keep the queue busy).
 const WRITE_BACK_WAIT: Duration = Duration::from_secs(2);
 
-/// Have the kernel write back the pages it caches for the mount `dev`,
-/// through the file open as `fd` in process `pid` (a snapshot's source):
-/// a snapshot holds what was written before it was asked for, whoever
-/// asks. The kernel sends the writes to the mount's other threads.
-fn write_back_kernel_cache(pid: u32, fd: i64, dev: (u32, u32)) -> Result<(), Errno> {
-    // Reopened through the caller's descriptor: this very filesystem
-    // (a path to the mount point may lead to a mount over it).
-    let f = std::fs::File::open(format!("/proc/{pid}/fd/{fd}")).map_err(|_| Errno::EBADF)?;
+/// Have the kernel write back the pages it caches for the mount, through
+/// `dir`, a caller's descriptor of a directory in it (a snapshot's
+/// source): a snapshot holds what was written before it was asked for,
+/// whoever asks. The kernel sends the writes to the mount's other threads.
+/// Nothing to do through a file that is no directory (the request is
+/// refused later).
+fn write_back_kernel_cache(dir: &caller_access::Pinned) -> Result<(), Errno> {
+    let Some(f) = caller_access::open_dir(dir) else {
+        return Ok(());
+    };
     // SAFETY: a plain system call on a descriptor open for this scope.
     if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&f)) } != 0 {
         return Err(Errno::from_i32(
@@ -1715,16 +1809,27 @@ fn write_back_kernel_cache(pid: u32, fd: i64, dev: (u32, u32)) -> Result<(), Err
                 .unwrap_or(libc::EIO),
         ));
     }
+    drop(f);
     // syncfs returns once the pages are handed to FUSE, and their writes
     // may still wait in the connection's queue (behind other background
     // requests): wait, a while at most, until none but this request is.
-    let waiting = format!("/sys/fs/fuse/connections/{}/waiting", dev.1);
+    let waiting = format!("/sys/fs/fuse/connections/{}/waiting", dir.dev.1);
     let deadline = std::time::Instant::now() + WRITE_BACK_WAIT;
-    while std::time::Instant::now() < deadline {
-        let n = std::fs::read_to_string(&waiting)
+    loop {
+        let Some(n) = std::fs::read_to_string(&waiting)
             .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok());
-        if n.is_none_or(|n| n <= 1) {
+            .and_then(|s| s.trim().parse::<u64>().ok())
+        else {
+            tracing::debug!("{waiting} unreadable: not waiting for the writes to arrive");
+            break;
+        };
+        if n <= 1 {
+            break;
+        }
+        if std::time::Instant::now() >= deadline {
+            tracing::warn!(
+                "{n} requests still queued after {WRITE_BACK_WAIT:?}: snapshot taken without waiting longer"
+            );
             break;
         }
         std::thread::sleep(Duration::from_millis(1));
@@ -1742,6 +1847,11 @@ fn caller_umask(pid: u32) -> Option<u32> {
 /// `FS_IOC_GETFLAGS` / `FS_IOC_SETFLAGS` (the long-sized encoding).
 const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
 const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+/// `BTRFS_IOC_SUBVOL_GETFLAGS`, `_IOR(0x94, 25, u64)`, and `SETFLAGS`,
+/// `_IOW(0x94, 26, u64)`: a subvolume's read-only flag
+/// (`BTRFS_SUBVOL_RDONLY`).
+pub const BTRFS_IOC_SUBVOL_GETFLAGS: u32 = 0x8008_9419;
+pub const BTRFS_IOC_SUBVOL_SETFLAGS: u32 = 0x4008_941a;
 /// `BTRFS_IOC_SYNC`, `_IO(0x94, 8)`: commit the running transaction.
 pub const BTRFS_IOC_SYNC: u32 = 0x9408;
 /// `FS_IOC_FSGETXATTR` (struct fsxattr, 28 bytes).

@@ -48,6 +48,9 @@ enum Command {
     /// Create subvolumes and snapshots.
     #[command(subcommand)]
     Subvolume(cmd::subvolume::Command),
+    /// Show or set a subvolume's read-only flag (`btrfs property ro`).
+    #[command(subcommand)]
+    Property(cmd::property::Command),
 }
 
 fn main() -> ExitCode {
@@ -63,6 +66,7 @@ fn main() -> ExitCode {
         Command::Mkfs(args) => cmd::mkfs::run(*args),
         Command::Inspect(command) => cmd::inspect::run(command),
         Command::Subvolume(command) => cmd::subvolume::run(command),
+        Command::Property(command) => cmd::property::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -246,6 +246,35 @@ fn subvolumes_come_and_go_on_a_live_mount() {
         &["subvolume", "snapshot", &p(&mnt, "vol"), &p(&mnt, "user/v")],
         "owner",
     );
+    // All capabilities in a user namespace of one's own reach no further
+    // than one's own files: EPERM (1), from the raw ioctl.
+    let in_ns = Command::new("setpriv")
+        .args(["--reuid=1000", "--regid=1000", "--clear-groups"])
+        .args([
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "/usr/bin/python3",
+            "-c",
+        ])
+        .arg(
+            "import fcntl, os, sys\n\
+             src = os.open(sys.argv[1], os.O_RDONLY)\n\
+             d = os.open(sys.argv[2], os.O_RDONLY)\n\
+             a = bytearray(4096); a[0:8] = src.to_bytes(8, 'little'); a[56:57] = b'v'\n\
+             try:\n    fcntl.ioctl(d, 0x50009417, a); print('made')\n\
+             except OSError as e:\n    print('errno', e.errno)\n",
+        )
+        .arg(mnt.join("vol"))
+        .arg(mnt.join("user"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&in_ns.stdout).trim(),
+        "errno 1",
+        "{}",
+        show(&in_ns)
+    );
     user_fails(
         none,
         &["subvolume", "delete", &p(&mnt, "user/mine-snap")],
@@ -575,4 +604,119 @@ fn a_subvolume_deleted_in_use_lives_on_for_its_users() {
     m.unmount().unwrap();
     check_image(&img);
     assert_eq!(dead_roots(&img), 0);
+}
+
+/// `ubtrfs property get|set PATH ro`: on a mount (the btrfs ioctls) and
+/// on an image, as the kernel keeps the flag: a read-only subvolume takes
+/// no writes, what was written before it turned read-only is in it, only
+/// its owner or root changes it, and the kernel agrees afterwards.
+#[test]
+fn the_read_only_property_of_subvolumes() {
+    require_privileged!();
+    let t = TestDir::new("subvolume-mount-property").unwrap();
+    let img = common::new_image(&t, "disk.img", 512 << 20);
+    let mnt = t.join("mnt");
+    let m = start_mount(&img, &mnt, &["-o", "allow_other"]);
+    ok(&["subvolume", "create", &p(&mnt, "vol")]);
+    assert_eq!(ok(&["property", "get", &p(&mnt, "vol")]).trim(), "ro=false");
+    // Written and still open, so still in the kernel's cache (see
+    // `subvolumes_come_and_go_on_a_live_mount`).
+    let dev = std::fs::metadata(&mnt).unwrap().dev();
+    let bdi = format!("/sys/class/bdi/{}:{}", libc::major(dev), libc::minor(dev));
+    std::fs::write(format!("{bdi}/strict_limit"), b"0").unwrap();
+    std::fs::write(format!("{bdi}/max_ratio"), b"100").unwrap();
+    let mut open = std::fs::File::create(mnt.join("vol/before")).unwrap();
+    std::io::Write::write_all(&mut open, &vec![9u8; 100_000]).unwrap();
+    ok(&["property", "set", &p(&mnt, "vol"), "ro", "true"]);
+    drop(open);
+    assert_eq!(
+        ok(&["property", "get", &p(&mnt, "vol"), "ro"]).trim(),
+        "ro=true"
+    );
+    let e = std::fs::write(mnt.join("vol/new"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
+    assert_eq!(
+        std::fs::read(mnt.join("vol/before")).unwrap(),
+        vec![9u8; 100_000]
+    );
+    fails(
+        &["property", "get", mnt.to_str().unwrap(), "compression"],
+        "unknown property",
+    );
+    std::fs::create_dir(mnt.join("plain")).unwrap();
+    fails(
+        &["property", "get", &p(&mnt, "plain")],
+        "not the root of a subvolume",
+    );
+    fails(
+        &["property", "set", &p(&mnt, "vol"), "ro", "maybe"],
+        "true or false",
+    );
+
+    // Another user: their own subvolume, not root's.
+    std::fs::create_dir(mnt.join("user")).unwrap();
+    std::os::unix::fs::chown(mnt.join("user"), Some(1000), Some(1000)).unwrap();
+    let as_user = |args: &[&str]| {
+        Command::new("setpriv")
+            .args(["--reuid=1000", "--regid=1000", "--clear-groups"])
+            .arg(common::ubtrfs_bin())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = as_user(&["property", "set", &p(&mnt, "vol"), "ro", "false"]);
+    assert!(
+        !out.status.success() && show(&out).contains("owner"),
+        "{}",
+        show(&out)
+    );
+    let out = as_user(&["subvolume", "create", &p(&mnt, "user/mine")]);
+    assert!(out.status.success(), "{}", show(&out));
+    let out = as_user(&["property", "set", &p(&mnt, "user/mine"), "ro", "true"]);
+    assert!(out.status.success(), "{}", show(&out));
+    assert_eq!(
+        ok(&["property", "get", &p(&mnt, "user/mine")]).trim(),
+        "ro=true"
+    );
+
+    // Writable again.
+    ok(&["property", "set", &p(&mnt, "vol"), "ro", "false"]);
+    std::fs::write(mnt.join("vol/after"), b"writable again").unwrap();
+    m.unmount().unwrap();
+    check_image(&img);
+
+    // The image, then the kernel.
+    let image = img.to_str().unwrap();
+    assert_eq!(ok(&["property", "get", image, "/vol"]).trim(), "ro=false");
+    ok(&["property", "set", image, "/vol", "ro", "true"]);
+    assert_eq!(
+        ok(&["property", "get", image, "/user/mine", "ro"]).trim(),
+        "ro=true"
+    );
+    check_image(&img);
+    let kmnt = t.join("kmnt");
+    let k = Mount::new(&[&img], &kmnt, "").unwrap();
+    let got = Command::new("btrfs")
+        .args(["property", "get"])
+        .arg(kmnt.join("vol"))
+        .arg("ro")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&got.stdout).trim(),
+        "ro=true",
+        "{}",
+        show(&got)
+    );
+    let e = std::fs::write(kmnt.join("vol/kernel"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
+    assert_eq!(
+        std::fs::read(kmnt.join("vol/after")).unwrap(),
+        b"writable again"
+    );
+    assert_eq!(
+        std::fs::read(kmnt.join("vol/before")).unwrap(),
+        vec![9u8; 100_000]
+    );
+    k.unmount().unwrap();
 }

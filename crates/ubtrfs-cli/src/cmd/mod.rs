@@ -7,6 +7,7 @@ pub mod inspect;
 pub mod ls;
 pub mod mkfs;
 pub mod mount;
+pub mod property;
 pub mod restore;
 pub mod subvolume;
 pub mod sync;

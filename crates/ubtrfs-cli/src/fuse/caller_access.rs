@@ -7,12 +7,18 @@
 //! caller's groups, the directory's ACL and the mount the caller came
 //! through (a read-only bind mount), none of which the request carries.
 //! So the mount asks the kernel: it takes the caller's own descriptor of
-//! the directory (found in `/proc/PID/fdinfo`, reopened through
-//! `/proc/PID/fd`, so through the caller's mount), switches this thread
-//! to the caller's file-system credentials, and calls `faccessat2` on it.
+//! the directory (found in `/proc/PID/fdinfo`), switches this thread to
+//! the caller's file-system credentials, and calls `faccessat2` on it.
 //! The kernel may then ask the mount for attributes and ACLs, which other
 //! threads serve: this runs on the request's own thread.
+//!
+//! A caller's descriptor is taken by reopening `/proc/PID/fd/N` with
+//! `O_PATH` (which opens nothing: no device is touched) and checking that
+//! what came is what the caller's fdinfo named (mount and inode): another
+//! thread of the caller may swap descriptor N at any moment, and the
+//! mount must check and use one and the same file ([`Pinned`]).
 
+use crate::mountinfo::MountEntry;
 use fuser::Errno;
 use std::os::fd::{AsRawFd, OwnedFd};
 
@@ -51,45 +57,117 @@ impl Credentials {
         })
     }
 
-    /// The credentials of process `pid`.
+    /// The credentials of process `pid`. Capabilities count only in the
+    /// mount's own user namespace: a caller's in a namespace of its own
+    /// (`unshare -Ur`) reach no further than its own files.
     pub fn of(pid: u32) -> Result<Credentials, Errno> {
         let status =
             std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|_| Errno::EPERM)?;
-        Credentials::parse(&status).ok_or(Errno::EPERM)
+        let mut c = Credentials::parse(&status).ok_or(Errno::EPERM)?;
+        let ns = |p: String| std::fs::read_link(p).ok();
+        let same = ns(format!("/proc/{pid}/ns/user"))
+            .is_some_and(|theirs| ns("/proc/self/ns/user".into()) == Some(theirs));
+        c.fowner &= same;
+        Ok(c)
     }
 }
 
-/// The descriptors of process `pid` open on inode `ino` of the device
-/// `dev` (the caller's view of the directory its request names).
-pub fn descriptors_of(pid: u32, dev: (u32, u32), ino: u64) -> Vec<i64> {
+/// A caller's open file, held by the mount through a descriptor of its
+/// own (`O_PATH`): the one the caller's fdinfo named, on the mount with
+/// device `dev`.
+pub struct Pinned {
+    fd: OwnedFd,
+    pub dev: (u32, u32),
+    pub ino: u64,
+}
+
+/// Mount id, inode number and open flags from fdinfo text.
+fn fdinfo(text: &str) -> Option<(u64, u64, u64)> {
+    let field = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(str::trim)
+    };
+    Some((
+        field("mnt_id:")?.parse().ok()?,
+        field("ino:")?.parse().ok()?,
+        // In octal.
+        u64::from_str_radix(field("flags:")?, 8).ok()?,
+    ))
+}
+
+/// Take the file open as `fd` in process `pid`, whose mounts are
+/// `mounts`. `EBADF` if there is none, if it is an `O_PATH` descriptor
+/// (the kernel would not take one either) or if it changed meanwhile.
+pub fn pin(pid: u32, fd: i64, mounts: &[MountEntry]) -> Result<Pinned, Errno> {
+    if fd < 0 {
+        return Err(Errno::EBADF);
+    }
+    let theirs = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))
+        .ok()
+        .and_then(|t| fdinfo(&t))
+        .ok_or(Errno::EBADF)?;
+    let (mnt_id, ino, flags) = theirs;
+    if flags & libc::O_PATH as u64 != 0 {
+        return Err(Errno::EBADF);
+    }
+    let dev = mounts
+        .iter()
+        .find(|m| m.id == mnt_id)
+        .map(|m| m.dev)
+        .ok_or(Errno::EBADF)?;
+    let path = std::ffi::CString::new(format!("/proc/{pid}/fd/{fd}")).map_err(|_| Errno::EBADF)?;
+    // SAFETY: a NUL-terminated path; the descriptor is owned below.
+    let raw = unsafe { libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+    if raw < 0 {
+        return Err(Errno::EBADF);
+    }
+    // SAFETY: `raw` was just opened and is owned by nothing else.
+    let ours: OwnedFd = unsafe { std::os::fd::FromRawFd::from_raw_fd(raw) };
+    let mine = std::fs::read_to_string(format!("/proc/self/fdinfo/{raw}"))
+        .ok()
+        .and_then(|t| fdinfo(&t))
+        .ok_or(Errno::EBADF)?;
+    if (mine.0, mine.1) != (mnt_id, ino) {
+        // Swapped between the two reads.
+        return Err(Errno::EBADF);
+    }
+    Ok(Pinned { fd: ours, dev, ino })
+}
+
+/// The mounts process `pid` sees.
+pub fn mounts_of(pid: u32) -> Result<Vec<MountEntry>, Errno> {
+    crate::mountinfo::read(std::path::Path::new(&format!("/proc/{pid}/mountinfo")))
+        .map_err(|_| Errno::EBADF)
+}
+
+/// The descriptors of process `pid` open on inode `ino` of the mount with
+/// device `dev` (the caller's views of the directory its request names),
+/// each pinned.
+pub fn descriptors_of(pid: u32, dev: (u32, u32), ino: u64) -> Vec<Pinned> {
+    let Ok(mounts) = mounts_of(pid) else {
+        return Vec::new();
+    };
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
         return Vec::new();
     };
     dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i64>().ok())
-        .filter(|&fd| super::subvol_ioctl::open_file(pid, fd) == Ok((dev, ino)))
+        .filter_map(|fd| pin(pid, fd, &mounts).ok())
+        .filter(|p| p.dev == dev && p.ino == ino)
         .collect()
 }
 
-/// Whether `who` may add a name to the directory open as `fd` in process
-/// `pid`: `faccessat2(W_OK | X_OK)` on that descriptor, as `who`.
-/// `EACCES`, or `EROFS` through a read-only mount.
-pub fn may_add_name(pid: u32, fd: i64, who: &Credentials) -> Result<(), Errno> {
-    // Reopened as this process: the caller's mount and dentry, no lookup.
-    let path = std::ffi::CString::new(format!("/proc/{pid}/fd/{fd}")).map_err(|_| Errno::EPERM)?;
-    // SAFETY: a NUL-terminated path; the descriptor is owned below.
-    let raw = unsafe { libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
-    if raw < 0 {
-        return Err(Errno::EPERM);
-    }
-    // SAFETY: `raw` is a descriptor just opened and owned by nothing else.
-    let dir: OwnedFd = unsafe { std::os::fd::FromRawFd::from_raw_fd(raw) };
+/// Whether `who` may add a name to the directory `dir`:
+/// `faccessat2(W_OK | X_OK)` on it, as `who`. `EACCES`, or `EROFS`
+/// through a read-only mount.
+pub fn may_add_name(dir: &Pinned, who: &Credentials) -> Result<(), Errno> {
     as_caller(who, || {
         // SAFETY: an empty NUL-terminated path with AT_EMPTY_PATH names the
         // open descriptor itself.
         let r = unsafe {
             libc::syscall(
                 libc::SYS_faccessat2,
-                dir.as_raw_fd(),
+                dir.fd.as_raw_fd(),
                 c"".as_ptr(),
                 libc::W_OK | libc::X_OK,
                 libc::AT_EACCESS | libc::AT_EMPTY_PATH,
@@ -105,6 +183,21 @@ pub fn may_add_name(pid: u32, fd: i64, who: &Credentials) -> Result<(), Errno> {
             ))
         }
     })?
+}
+
+/// Open pinned directory `dir` for reading (the mount's own file: at most
+/// an OPENDIR of its own). `None` if it is no directory.
+pub fn open_dir(dir: &Pinned) -> Option<std::fs::File> {
+    let path = std::ffi::CString::new(format!("/proc/self/fd/{}", dir.fd.as_raw_fd())).ok()?;
+    // SAFETY: a NUL-terminated path; the descriptor is owned below.
+    let raw = unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        )
+    };
+    // SAFETY: `raw` was just opened and is owned by nothing else.
+    (raw >= 0).then(|| unsafe { std::os::fd::FromRawFd::from_raw_fd(raw) })
 }
 
 /// Run `f` on this thread with `who`'s file-system uid, gid and groups,
@@ -206,15 +299,40 @@ mod tests {
             fowner: false,
         };
         let pid = std::process::id();
+        let mounts = mounts_of(pid).unwrap();
         let a = std::fs::File::open(&open).unwrap();
         let b = std::fs::File::open(&shut).unwrap();
-        let fd = |f: &std::fs::File| i64::from(f.as_raw_fd());
-        assert_eq!(may_add_name(pid, fd(&a), &who), Ok(()));
-        assert_eq!(may_add_name(pid, fd(&b), &who), Err(Errno::EACCES));
+        let pinned = |f: &std::fs::File| pin(pid, i64::from(f.as_raw_fd()), &mounts).unwrap();
+        assert_eq!(may_add_name(&pinned(&a), &who), Ok(()));
+        assert_eq!(may_add_name(&pinned(&b), &who), Err(Errno::EACCES));
         // Root again, groups as before.
         std::fs::create_dir(shut.join("x")).unwrap();
         // SAFETY: as above.
         assert_eq!(unsafe { libc::syscall(libc::SYS_setfsuid, -1i32) }, 0);
         std::fs::remove_dir_all(&t).unwrap();
+    }
+
+    /// A pinned descriptor is the caller's file, found by device and
+    /// inode; an O_PATH descriptor or none at all is refused.
+    #[test]
+    fn an_open_directory_is_pinned_by_device_and_inode() {
+        use std::os::unix::fs::MetadataExt;
+        let pid = std::process::id();
+        let mounts = mounts_of(pid).unwrap();
+        let dir = std::fs::File::open("/proc").unwrap();
+        let meta = dir.metadata().unwrap();
+        let p = pin(pid, i64::from(dir.as_raw_fd()), &mounts).unwrap();
+        assert_eq!(p.ino, meta.ino());
+        let dev = meta.dev() as libc::dev_t;
+        assert_eq!(p.dev, (libc::major(dev), libc::minor(dev)));
+        assert!(open_dir(&p).is_some());
+        assert!(pin(pid, 1 << 20, &mounts).is_err());
+        let c = std::ffi::CString::new("/proc").unwrap();
+        // SAFETY: a valid path; the descriptor is closed below.
+        let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH) };
+        assert!(fd >= 0);
+        assert!(pin(pid, i64::from(fd), &mounts).is_err());
+        // SAFETY: closing the descriptor opened above.
+        unsafe { libc::close(fd) };
     }
 }

@@ -7,10 +7,11 @@
 //! checks the filesystem type `statfs` reports).
 //!
 //! A snapshot's source comes as a descriptor in the caller's process.
-//! The mount finds the inode behind it in `/proc/PID/fdinfo` (its inode
-//! number and mount) and `/proc/PID/mountinfo` (that mount's device),
-//! reading neither the file nor its path: a lookup through the mount from
-//! a thread serving it could wait for itself.
+//! The mount takes that very file (`caller_access::pin`: `/proc/PID/fd`
+//! reopened with `O_PATH`, checked against `/proc/PID/fdinfo` and the
+//! caller's `mountinfo`), never a path: a lookup through the mount from a
+//! thread serving it could wait for itself, and a path may lead elsewhere
+//! by the time it is used.
 //!
 //! Who may send them is as in the kernel: anyone who may add a name to a
 //! directory creates a subvolume there, a source's owner snapshots it
@@ -160,42 +161,6 @@ pub fn command(req: &SubvolRequest) -> u32 {
     }
 }
 
-/// The device (`major:minor` of its superblock) and inode number of the
-/// file open as `fd` in process `pid`.
-pub fn open_file(pid: u32, fd: i64) -> Result<((u32, u32), u64), Errno> {
-    if fd < 0 {
-        return Err(Errno::EBADF);
-    }
-    let info =
-        std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).map_err(|_| Errno::EBADF)?;
-    let field = |key: &str| {
-        info.lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-    };
-    let (Some(mnt_id), Some(ino)) = (field("mnt_id:"), field("ino:")) else {
-        return Err(Errno::EBADF);
-    };
-    // An O_PATH descriptor names a file without opening it: the kernel
-    // does not take one either (flags are in octal).
-    let flags = info
-        .lines()
-        .find_map(|l| l.strip_prefix("flags:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 8).ok())
-        .ok_or(Errno::EBADF)?;
-    if flags & libc::O_PATH as u64 != 0 {
-        return Err(Errno::EBADF);
-    }
-    let mounts = crate::mountinfo::read(Path::new(&format!("/proc/{pid}/mountinfo")))
-        .map_err(|_| Errno::EBADF)?;
-    let dev = mounts
-        .iter()
-        .find(|m| m.id == mnt_id)
-        .map(|m| m.dev)
-        .ok_or(Errno::EBADF)?;
-    Ok((dev, ino))
-}
-
 /// The device of the mount at `mountpoint` in this process's view (the
 /// last one mounted there).
 pub fn mount_device(mountpoint: &Path) -> Option<(u32, u32)> {
@@ -282,31 +247,5 @@ mod tests {
             decode(BTRFS_IOC_SNAP_CREATE_V2, &a),
             Some(Err(Errno::EOPNOTSUPP))
         );
-    }
-
-    #[test]
-    fn an_open_directory_is_found_by_device_and_inode() {
-        use std::os::fd::AsRawFd;
-        use std::os::unix::fs::MetadataExt;
-        let dir = std::fs::File::open("/proc").unwrap();
-        let meta = dir.metadata().unwrap();
-        let (dev, ino) = open_file(std::process::id(), dir.as_raw_fd() as i64).unwrap();
-        assert_eq!(ino, meta.ino());
-        assert_eq!(
-            dev,
-            (
-                libc::major(meta.dev() as libc::dev_t),
-                libc::minor(meta.dev() as libc::dev_t)
-            )
-        );
-        assert_eq!(open_file(std::process::id(), 1 << 20), Err(Errno::EBADF));
-        // O_PATH: not an open file.
-        let c = std::ffi::CString::new("/proc").unwrap();
-        // SAFETY: a valid path; the descriptor is closed below.
-        let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH) };
-        assert!(fd >= 0);
-        assert_eq!(open_file(std::process::id(), fd as i64), Err(Errno::EBADF));
-        // SAFETY: closing the descriptor opened above.
-        unsafe { libc::close(fd) };
     }
 }

@@ -127,6 +127,57 @@ impl Filesystem {
     }
 }
 
+impl Filesystem {
+    /// Whether subvolume `subvol` is read-only.
+    pub fn subvolume_readonly(&self, subvol: u64) -> Result<bool> {
+        let (_, item) = self
+            .find_root(subvol)?
+            .ok_or_else(|| Error::NotFound(format!("subvolume {subvol}")))?;
+        Ok(item.flags & ROOT_SUBVOL_RDONLY != 0)
+    }
+
+    /// Make subvolume `subvol` read-only or writable (`btrfs property set
+    /// ro`), and commit. What was written to it before goes to disk
+    /// first, while it may still be written.
+    pub fn set_subvolume_readonly(&self, subvol: u64, readonly: bool) -> Result<()> {
+        if !crate::transaction::is_subvol_tree(subvol) {
+            return Err(Error::Invalid(format!("tree {subvol} is not a subvolume")));
+        }
+        let mut w = self.writer()?;
+        self.check_not_deleted(subvol)?;
+        if self.subvolume_readonly(subvol)? == readonly {
+            return Ok(());
+        }
+        self.commit_locked(&mut w)?;
+        let found = self
+            .root_tree()
+            .get_le(&Key::new(subvol, ROOT_ITEM_KEY, u64::MAX))?
+            .filter(|it| it.key().objectid == subvol && it.key().item_type == ROOT_ITEM_KEY)
+            .ok_or_else(|| Error::corrupt(format!("subvolume {subvol} has no root item")))?;
+        let key = found.key();
+        let mut data = found.data().to_vec();
+        let field = data
+            .get_mut(208..216)
+            .ok_or_else(|| Error::corrupt(format!("subvolume {subvol} has a short root item")))?;
+        let mut flags = u64::from_le_bytes(field.try_into().unwrap_or_default());
+        if readonly {
+            flags |= ROOT_SUBVOL_RDONLY;
+        } else {
+            flags &= !ROOT_SUBVOL_RDONLY;
+        }
+        field.copy_from_slice(&flags.to_le_bytes());
+        self.modify_tree(&mut w, ROOT_TREE_OBJECTID, |ed, root| {
+            ed.put(root, key, data)
+        })?;
+        if readonly {
+            w.blocks.readonly.insert(subvol);
+        } else {
+            w.blocks.readonly.remove(&subvol);
+        }
+        self.commit_locked(&mut w)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -234,7 +234,15 @@ fn as_caller<T>(who: &Credentials, f: impl FnOnce() -> T) -> Result<T, Errno> {
         libc::syscall(libc::SYS_setfsuid, who.uid) as u32 == who.uid
             && libc::syscall(libc::SYS_setfsgid, who.gid) as u32 == who.gid
     };
-    let out = took.then(f);
+    // No capability of this process may answer for the caller's: the
+    // kernel drops the file ones with the fs uid, unless told not to.
+    let caps = took.then(without_capabilities).flatten();
+    let out = caps.is_some().then(f);
+    if let Some(saved) = caps
+        && !set_capabilities(&saved)
+    {
+        tracing::warn!("could not restore the capabilities of a subvolume request's thread");
+    }
     // SAFETY: as above: this thread's own ids back.
     unsafe {
         libc::syscall(libc::SYS_setfsuid, old_uid);
@@ -245,6 +253,52 @@ fn as_caller<T>(who: &Credentials, f: impl FnOnce() -> T) -> Result<T, Errno> {
         tracing::warn!("could not restore the groups of a subvolume request's thread");
     }
     out.ok_or(Errno::EPERM)
+}
+
+/// `struct __user_cap_header_struct` and `__user_cap_data_struct`
+/// (version 3: two of the latter).
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+const CAP_VERSION_3: u32 = 0x2008_0522;
+
+/// Clear this thread's effective capabilities; the ones it had, to put
+/// back with [`set_capabilities`], or `None` if that failed.
+fn without_capabilities() -> Option<[CapData; 2]> {
+    let mut head = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    let mut saved = [CapData::default(); 2];
+    // SAFETY: a version-3 header and room for its two data structs; pid 0
+    // is this thread.
+    if unsafe { libc::syscall(libc::SYS_capget, &mut head, saved.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    let mut none = saved;
+    for d in &mut none {
+        d.effective = 0;
+    }
+    set_capabilities(&none).then_some(saved)
+}
+
+/// Set this thread's capabilities to `caps`.
+fn set_capabilities(caps: &[CapData; 2]) -> bool {
+    let mut head = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    // SAFETY: as in `without_capabilities`; capset only reads `caps`.
+    unsafe { libc::syscall(libc::SYS_capset, &mut head, caps.as_ptr()) == 0 }
 }
 
 #[cfg(test)]
@@ -305,8 +359,12 @@ mod tests {
         let pinned = |f: &std::fs::File| pin(pid, i64::from(f.as_raw_fd()), &mounts).unwrap();
         assert_eq!(may_add_name(&pinned(&a), &who), Ok(()));
         assert_eq!(may_add_name(&pinned(&b), &who), Err(Errno::EACCES));
-        // Root again, groups as before.
+        // Root again, groups and capabilities as before (a directory of
+        // another user's, mode 0700, takes a name only with them).
         std::fs::create_dir(shut.join("x")).unwrap();
+        std::os::unix::fs::chown(shut.join("x"), Some(4321), Some(4321)).unwrap();
+        std::fs::set_permissions(shut.join("x"), std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::create_dir(shut.join("x/y")).unwrap();
         // SAFETY: as above.
         assert_eq!(unsafe { libc::syscall(libc::SYS_setfsuid, -1i32) }, 0);
         std::fs::remove_dir_all(&t).unwrap();

@@ -20,6 +20,21 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use ubtrfs::fs::{Filesystem, InodeId};
 
+/// Open the filesystem made of `devices` for writing and print the
+/// library's warnings on stderr.
+pub fn open_fs_rw(devices: &[PathBuf]) -> Result<Filesystem> {
+    let fs = Filesystem::open_read_write(devices).with_context(|| {
+        format!(
+            "cannot open a btrfs filesystem on {} for writing",
+            list(devices)
+        )
+    })?;
+    for warning in fs.warnings() {
+        eprintln!("ubtrfs: warning: {warning}");
+    }
+    Ok(fs)
+}
+
 /// Open the filesystem made of `devices` read-only and print the library's
 /// warnings (for example about a degraded filesystem) on stderr.
 pub fn open_fs(devices: &[PathBuf]) -> Result<Filesystem> {

@@ -3,7 +3,7 @@
 //! btrfs ioctls `BTRFS_IOC_SUBVOL_GETFLAGS` / `SETFLAGS`, which the mount
 //! answers) or in an image that is not mounted, given its devices.
 
-use super::{fs_path, list, resolve};
+use super::{fs_path, resolve};
 use crate::fuse::subvol_ioctl::SUBVOL_RDONLY;
 use crate::fuse::{BTRFS_IOC_SUBVOL_GETFLAGS, BTRFS_IOC_SUBVOL_SETFLAGS};
 use anyhow::{Context, Result, bail};
@@ -150,15 +150,7 @@ fn image_get(devices: &[PathBuf], path: &Path) -> Result<bool> {
 }
 
 fn image_set(devices: &[PathBuf], path: &Path, ro: bool) -> Result<()> {
-    let fs = Filesystem::open_read_write(devices).with_context(|| {
-        format!(
-            "cannot open a btrfs filesystem on {} for writing",
-            list(devices)
-        )
-    })?;
-    for warning in fs.warnings() {
-        eprintln!("ubtrfs: warning: {warning}");
-    }
+    let fs = super::open_fs_rw(devices)?;
     let id = subvolume_at(&fs, path)?;
     fs.set_subvolume_readonly(id, ro)
         .with_context(|| format!("setting ro={ro} on {}", path.display()))

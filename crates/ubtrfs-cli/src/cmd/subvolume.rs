@@ -3,7 +3,7 @@
 //! the btrfs ioctls the mount answers, see `fuse::subvol_ioctl`), or in an
 //! image that is not mounted, given its devices.
 
-use super::{fs_path, list, resolve};
+use super::{fs_path, list, open_fs_rw as open_rw, resolve};
 use crate::fuse::subvol_ioctl::{self, SubvolRequest};
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
@@ -367,19 +367,6 @@ fn mounted_delete(path: &Path) -> Result<()> {
         .with_context(|| format!("committing the deletion of {}", path.display()))?;
     println!("Delete subvolume '{}'", path.display());
     Ok(())
-}
-
-fn open_rw(devices: &[PathBuf]) -> Result<Filesystem> {
-    let fs = Filesystem::open_read_write(devices).with_context(|| {
-        format!(
-            "cannot open a btrfs filesystem on {} for writing",
-            list(devices)
-        )
-    })?;
-    for warning in fs.warnings() {
-        eprintln!("ubtrfs: warning: {warning}");
-    }
-    Ok(fs)
 }
 
 /// Split an absolute path into its parent directory and last name.

@@ -128,6 +128,16 @@ impl Filesystem {
 }
 
 impl Filesystem {
+    /// The key and bytes of tree `id`'s root item, to change and put back.
+    pub(crate) fn root_item_bytes(&self, id: u64) -> Result<(Key, Vec<u8>)> {
+        let found = self
+            .root_tree()
+            .get_le(&Key::new(id, ROOT_ITEM_KEY, u64::MAX))?
+            .filter(|it| it.key().objectid == id && it.key().item_type == ROOT_ITEM_KEY)
+            .ok_or_else(|| Error::corrupt(format!("tree {id} has no root item")))?;
+        Ok((found.key(), found.data().to_vec()))
+    }
+
     /// Whether subvolume `subvol` is read-only.
     pub fn subvolume_readonly(&self, subvol: u64) -> Result<bool> {
         let (_, item) = self
@@ -149,13 +159,7 @@ impl Filesystem {
             return Ok(());
         }
         self.commit_locked(&mut w)?;
-        let found = self
-            .root_tree()
-            .get_le(&Key::new(subvol, ROOT_ITEM_KEY, u64::MAX))?
-            .filter(|it| it.key().objectid == subvol && it.key().item_type == ROOT_ITEM_KEY)
-            .ok_or_else(|| Error::corrupt(format!("subvolume {subvol} has no root item")))?;
-        let key = found.key();
-        let mut data = found.data().to_vec();
+        let (key, mut data) = self.root_item_bytes(subvol)?;
         let field = data
             .get_mut(208..216)
             .ok_or_else(|| Error::corrupt(format!("subvolume {subvol} has a short root item")))?;

@@ -189,13 +189,7 @@ impl Filesystem {
     /// subvolume for its cleaner: no refs in its root item, and an orphan
     /// item for it in the root tree.
     fn mark_dead(&self, w: &mut Writer, id: u64) -> Result<()> {
-        let found = self
-            .root_tree()
-            .get_le(&Key::new(id, ROOT_ITEM_KEY, u64::MAX))?
-            .filter(|it| it.key().objectid == id && it.key().item_type == ROOT_ITEM_KEY)
-            .ok_or_else(|| Error::corrupt(format!("subvolume {id} has no root item")))?;
-        let key = found.key();
-        let mut data = found.data().to_vec();
+        let (key, mut data) = self.root_item_bytes(id)?;
         let refs = data
             .get_mut(216..220)
             .ok_or_else(|| Error::corrupt(format!("subvolume {id} has a short root item")))?;

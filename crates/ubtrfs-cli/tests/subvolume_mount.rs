@@ -619,21 +619,26 @@ fn the_read_only_property_of_subvolumes() {
     let m = start_mount(&img, &mnt, &["-o", "allow_other"]);
     ok(&["subvolume", "create", &p(&mnt, "vol")]);
     assert_eq!(ok(&["property", "get", &p(&mnt, "vol")]).trim(), "ro=false");
-    // Written and still open, so still in the kernel's cache (see
-    // `subvolumes_come_and_go_on_a_live_mount`).
-    let dev = std::fs::metadata(&mnt).unwrap().dev();
-    let bdi = format!("/sys/class/bdi/{}:{}", libc::major(dev), libc::minor(dev));
-    std::fs::write(format!("{bdi}/strict_limit"), b"0").unwrap();
-    std::fs::write(format!("{bdi}/max_ratio"), b"100").unwrap();
+    // A file open in it: refused (its writes still to come would be).
     let mut open = std::fs::File::create(mnt.join("vol/before")).unwrap();
     std::io::Write::write_all(&mut open, &vec![9u8; 100_000]).unwrap();
-    ok(&["property", "set", &p(&mnt, "vol"), "ro", "true"]);
+    fails(
+        &["property", "set", &p(&mnt, "vol"), "ro", "true"],
+        "close them first",
+    );
     drop(open);
+    ok(&["property", "set", &p(&mnt, "vol"), "ro", "true"]);
     assert_eq!(
         ok(&["property", "get", &p(&mnt, "vol"), "ro"]).trim(),
         "ro=true"
     );
     let e = std::fs::write(mnt.join("vol/new"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
+    // Nor opened for writing, as in the kernel.
+    let e = std::fs::OpenOptions::new()
+        .write(true)
+        .open(mnt.join("vol/before"))
+        .unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
     assert_eq!(
         std::fs::read(mnt.join("vol/before")).unwrap(),

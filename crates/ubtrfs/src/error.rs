@@ -113,6 +113,9 @@ pub enum Error {
     /// A file name is longer than the format allows (255 bytes).
     #[error("name too long: {0}")]
     NameTooLong(String),
+    /// What is asked for would take something from its users.
+    #[error("in use: {0}")]
+    Busy(String),
 }
 
 impl Error {
@@ -133,6 +136,7 @@ impl Error {
             Error::CrossDevice(_) => libc::EXDEV,
             Error::TooManyLinks(_) => libc::EMLINK,
             Error::NameTooLong(_) => libc::ENAMETOOLONG,
+            Error::Busy(_) => libc::EBUSY,
             Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             _ => libc::EIO,
         }

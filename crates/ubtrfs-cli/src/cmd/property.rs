@@ -60,8 +60,27 @@ pub fn run(command: Command) -> Result<()> {
         Command::Get(a) => {
             let args = match &a.args[..] {
                 [rest @ .., name] if !rest.is_empty() && name.as_os_str() == "ro" => rest,
+                // After a path inside an image, or a path in a mount.
+                [rest @ .., prev, name]
+                    if !name.is_absolute()
+                        && (prev.is_absolute() && !rest.is_empty() || prev.is_dir()) =>
+                {
+                    bail!("unknown property {}: only ro is kept", name.display())
+                }
+                [first, .., last] if !last.is_absolute() && !first.is_dir() => {
+                    bail!(
+                        "{}: with devices, the path inside the filesystem is absolute ('/' for the top level)",
+                        last.display()
+                    )
+                }
                 [rest @ .., name] if !rest.is_empty() && !name.is_absolute() => {
                     bail!("unknown property {}: only ro is kept", name.display())
+                }
+                [only] if only.is_file() => {
+                    bail!(
+                        "{}: give the subvolume's path inside it too (absolute)",
+                        only.display()
+                    )
                 }
                 all => all,
             };
@@ -100,6 +119,7 @@ fn explain(e: std::io::Error, path: &Path) -> anyhow::Error {
         libc::EINVAL => "not the root of a subvolume",
         libc::EPERM => "only the subvolume's owner (or root) changes it",
         libc::EROFS => "the mount is read-only",
+        libc::EBUSY => "files in it are open: close them first",
         libc::ENOTTY => "not in a ubtrfs mount, or one too old to answer",
         _ => "",
     };

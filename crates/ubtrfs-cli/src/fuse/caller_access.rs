@@ -18,7 +18,6 @@
 //! thread of the caller may swap descriptor N at any moment, and the
 //! mount must check and use one and the same file ([`Pinned`]).
 
-use crate::mountinfo::MountEntry;
 use fuser::Errno;
 use std::os::fd::{AsRawFd, OwnedFd};
 
@@ -96,25 +95,17 @@ fn fdinfo(text: &str) -> Option<(u64, u64, u64)> {
     ))
 }
 
-/// Take the file open as `fd` in process `pid`, whose mounts are
-/// `mounts`. `EBADF` if there is none, if it is an `O_PATH` descriptor
-/// (the kernel would not take one either) or if it changed meanwhile.
-pub fn pin(pid: u32, fd: i64, mounts: &[MountEntry]) -> Result<Pinned, Errno> {
+/// Take the file open as `fd` in process `pid`. `EBADF` if there is
+/// none, or it is an `O_PATH` descriptor (the kernel would not take one
+/// either). Its device and inode are read from the file taken (`fstat`),
+/// never from the caller's tables, which may have changed meanwhile.
+pub fn pin(pid: u32, fd: i64) -> Result<Pinned, Errno> {
     if fd < 0 {
         return Err(Errno::EBADF);
     }
-    let theirs = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))
+    let (_, _, flags) = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))
         .ok()
         .and_then(|t| fdinfo(&t))
-        .ok_or(Errno::EBADF)?;
-    let (mnt_id, ino, flags) = theirs;
-    if flags & libc::O_PATH as u64 != 0 {
-        return Err(Errno::EBADF);
-    }
-    let dev = mounts
-        .iter()
-        .find(|m| m.id == mnt_id)
-        .map(|m| m.dev)
         .ok_or(Errno::EBADF)?;
     let path = std::ffi::CString::new(format!("/proc/{pid}/fd/{fd}")).map_err(|_| Errno::EBADF)?;
     // SAFETY: a NUL-terminated path; the descriptor is owned below.
@@ -124,35 +115,40 @@ pub fn pin(pid: u32, fd: i64, mounts: &[MountEntry]) -> Result<Pinned, Errno> {
     }
     // SAFETY: `raw` was just opened and is owned by nothing else.
     let ours: OwnedFd = unsafe { std::os::fd::FromRawFd::from_raw_fd(raw) };
-    let mine = std::fs::read_to_string(format!("/proc/self/fdinfo/{raw}"))
-        .ok()
-        .and_then(|t| fdinfo(&t))
-        .ok_or(Errno::EBADF)?;
-    if (mine.0, mine.1) != (mnt_id, ino) {
-        // Swapped between the two reads.
+    // The flags may be those of a file swapped out since: that only
+    // changes which of the caller's own files is taken, and whatever is
+    // taken is checked for what it is (device and inode below).
+    if flags & libc::O_PATH as u64 != 0 {
         return Err(Errno::EBADF);
     }
-    Ok(Pinned { fd: ours, dev, ino })
-}
-
-/// The mounts process `pid` sees.
-pub fn mounts_of(pid: u32) -> Result<Vec<MountEntry>, Errno> {
-    crate::mountinfo::read(std::path::Path::new(&format!("/proc/{pid}/mountinfo")))
-        .map_err(|_| Errno::EBADF)
+    // SAFETY: fstat fills the struct it is given; the descriptor is open.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(ours.as_raw_fd(), &mut st) } != 0 {
+        return Err(Errno::EBADF);
+    }
+    Ok(Pinned {
+        fd: ours,
+        dev: (libc::major(st.st_dev), libc::minor(st.st_dev)),
+        ino: st.st_ino,
+    })
 }
 
 /// The descriptors of process `pid` open on inode `ino` of the mount with
 /// device `dev` (the caller's views of the directory its request names),
-/// each pinned.
+/// each pinned. Only those whose fdinfo names the inode are taken.
 pub fn descriptors_of(pid: u32, dev: (u32, u32), ino: u64) -> Vec<Pinned> {
-    let Ok(mounts) = mounts_of(pid) else {
-        return Vec::new();
-    };
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
         return Vec::new();
     };
     dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i64>().ok())
-        .filter_map(|fd| pin(pid, fd, &mounts).ok())
+        .filter(|fd| {
+            std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))
+                .ok()
+                .and_then(|t| fdinfo(&t))
+                .is_some_and(|(_, i, _)| i == ino)
+        })
+        .filter_map(|fd| pin(pid, fd).ok())
         .filter(|p| p.dev == dev && p.ino == ino)
         .collect()
 }
@@ -353,10 +349,9 @@ mod tests {
             fowner: false,
         };
         let pid = std::process::id();
-        let mounts = mounts_of(pid).unwrap();
         let a = std::fs::File::open(&open).unwrap();
         let b = std::fs::File::open(&shut).unwrap();
-        let pinned = |f: &std::fs::File| pin(pid, i64::from(f.as_raw_fd()), &mounts).unwrap();
+        let pinned = |f: &std::fs::File| pin(pid, i64::from(f.as_raw_fd())).unwrap();
         assert_eq!(may_add_name(&pinned(&a), &who), Ok(()));
         assert_eq!(may_add_name(&pinned(&b), &who), Err(Errno::EACCES));
         // Root again, groups and capabilities as before (a directory of
@@ -376,20 +371,19 @@ mod tests {
     fn an_open_directory_is_pinned_by_device_and_inode() {
         use std::os::unix::fs::MetadataExt;
         let pid = std::process::id();
-        let mounts = mounts_of(pid).unwrap();
         let dir = std::fs::File::open("/proc").unwrap();
         let meta = dir.metadata().unwrap();
-        let p = pin(pid, i64::from(dir.as_raw_fd()), &mounts).unwrap();
+        let p = pin(pid, i64::from(dir.as_raw_fd())).unwrap();
         assert_eq!(p.ino, meta.ino());
         let dev = meta.dev() as libc::dev_t;
         assert_eq!(p.dev, (libc::major(dev), libc::minor(dev)));
         assert!(open_dir(&p).is_some());
-        assert!(pin(pid, 1 << 20, &mounts).is_err());
+        assert!(pin(pid, 1 << 20).is_err());
         let c = std::ffi::CString::new("/proc").unwrap();
         // SAFETY: a valid path; the descriptor is closed below.
         let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH) };
         assert!(fd >= 0);
-        assert!(pin(pid, i64::from(fd), &mounts).is_err());
+        assert!(pin(pid, i64::from(fd)).is_err());
         // SAFETY: closing the descriptor opened above.
         unsafe { libc::close(fd) };
     }

@@ -165,6 +165,7 @@ impl Served {
                 | E::Unsupported(_)
                 | E::CrossDevice(_)
                 | E::NameTooLong(_)
+                | E::Busy(_)
                 | E::ReadOnly(_) => super::errno(e),
                 // Anything else may have stopped the commit half-way.
                 e => self.failed(why, &e),

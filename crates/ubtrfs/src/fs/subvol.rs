@@ -158,6 +158,13 @@ impl Filesystem {
         if self.subvolume_readonly(subvol)? == readonly {
             return Ok(());
         }
+        // The kernel lets files open for writing go on writing; here their
+        // writes still to come would be refused, and lost.
+        if readonly && self.open_inodes().users.keys().any(|i| i.subvol == subvol) {
+            return Err(Error::Busy(format!(
+                "files in subvolume {subvol} are open: close them first"
+            )));
+        }
         self.commit_locked(&mut w)?;
         let (key, mut data) = self.root_item_bytes(subvol)?;
         let field = data

@@ -1329,6 +1329,50 @@ fn fsync_on_full_metadata_keeps_the_mount() {
     check_image(&img);
 }
 
+/// Small files (inline data, written back only at the commit) until the
+/// metadata space runs out: the writes that do not fit get ENOSPC, and
+/// the commit still has room for everything accepted before. Before the
+/// dirty data's metadata was counted, the commit ran out of space half
+/// way and every later commit failed: all since the last one was lost.
+#[test]
+fn small_files_until_full_all_reach_the_disk() {
+    require_privileged!();
+    let t = TestDir::new("mount-rw-full-inline").unwrap();
+    let img = common::new_image(&t, "disk.img", 128 << 20);
+    let m = RwMount::start(&img, &t.join("fuse"), &NO_TIMER);
+    let data = pattern(1500, 44);
+    let mut made = 0usize;
+    // The data reaches the mount when the file is closed (the kernel's
+    // writeback cache): a refusal comes from close(2), which must be seen.
+    let write = |p: &Path| -> std::io::Result<()> {
+        use std::os::fd::IntoRawFd;
+        let mut f = File::create(p)?;
+        f.write_all(&data)?;
+        // SAFETY: closing the descriptor taken from `f`, once.
+        match unsafe { libc::close(f.into_raw_fd()) } {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error()),
+        }
+    };
+    let full = (0..200_000).find_map(|i| match write(&m.path().join(format!("f{i:06}"))) {
+        Ok(()) => {
+            made += 1;
+            None
+        }
+        Err(e) => Some(e),
+    });
+    let e = full.expect("200,000 files of 1,500 bytes fit in 128 MiB");
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "filling up: {e}");
+    assert!(made > 1000, "only {made} files fit");
+    m.unmount_cleanly();
+    check_image(&img);
+    let kernel = Mount::single(&img, &t.join("kernel"), "ro").unwrap();
+    for i in (0..made).step_by(997).chain([made - 1]) {
+        let p = kernel.path().join(format!("f{i:06}"));
+        assert_eq!(fs::read(&p).unwrap(), data, "{}", p.display());
+    }
+}
+
 /// With the writeback cache, fsync still makes data durable: the kernel
 /// writes the dirty pages back first. What was written after is lost on
 /// SIGKILL, as after a crash.

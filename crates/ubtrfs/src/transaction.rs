@@ -478,6 +478,10 @@ pub struct Writer {
     /// Logging failed beside readers, where the half-changed log could
     /// not be dropped: every fsync commits until a commit drops it.
     pub(crate) log_broken: bool,
+    /// Metadata the dirty data will take when it is written back (inline
+    /// extents of small files, extent items, checksums), estimated as it
+    /// comes: space is refused before a commit would run out of it.
+    pub(crate) delalloc_metadata: u64,
     /// Names removed (renames, unlinks) since the log's names were last
     /// brought up to date: (subvolume, directory, inode it named, entry
     /// index). The
@@ -672,6 +676,7 @@ impl Filesystem {
             log: None,
             log_self_check: false,
             log_broken: false,
+            delalloc_metadata: 0,
             removed_names: Vec::new(),
             new_chunks: Vec::new(),
         }));
@@ -852,6 +857,8 @@ impl Filesystem {
             }
         }
         self.writeback_all(w)?;
+        // The dirty data's metadata is in the trees now.
+        w.delalloc_metadata = 0;
         // Nothing names data that is not on disk.
         self.finish_in_flight(w, None, true)?;
         // Block groups emptied by an earlier commit go in this one, even

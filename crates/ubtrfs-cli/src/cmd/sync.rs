@@ -30,9 +30,7 @@ pub fn run(args: Args) -> Result<()> {
     let shown = args.path.display().to_string();
     match server_info(&args.path) {
         Ok(Info { rw: false, .. }) => Ok(()),
-        Ok(Info { rw: true, .. }) => {
-            commit(&args.path).map_err(|e| anyhow!("{shown}: the commit failed: {e}"))
-        }
+        Ok(Info { rw: true, .. }) => commit(&args.path).map_err(|e| anyhow!("{shown}: {e}")),
         Err(e) => bail!("{shown}: not in a ubtrfs mount ({e})"),
     }
 }

@@ -134,21 +134,33 @@ pub(crate) fn server_info(mp: &Path) -> std::io::Result<Info> {
 /// no FUSE_SYNCFS), then `BTRFS_IOC_SYNC` makes it commit.
 pub(crate) fn commit(mp: &Path) -> std::io::Result<()> {
     let dir = std::fs::File::open(mp)?;
+    // A writeback error (data refused earlier, say for want of space) is
+    // reported after the commit, which still keeps everything else.
     // SAFETY: a plain syscall on a descriptor open for this scope.
-    if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    let written = if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
+        let e = std::io::Error::last_os_error();
+        Err(std::io::Error::new(
+            e.kind(),
+            format!("committed, but data written earlier was refused: {e}"),
+        ))
+    } else {
+        Ok(())
+    };
     // SAFETY: an ioctl without an argument on a descriptor open for this scope.
     if unsafe { libc::ioctl(dir.as_raw_fd(), crate::fuse::BTRFS_IOC_SYNC as _) } == 0 {
-        return Ok(());
+        return written;
     }
     let e = std::io::Error::last_os_error();
     if e.raw_os_error() != Some(libc::ENOTTY) {
-        return Err(e);
+        return Err(std::io::Error::new(
+            e.kind(),
+            format!("the commit failed: {e}"),
+        ));
     }
     // A mount process from before the ioctl: an fsync of the directory
     // reaches it at least.
-    dir.sync_all()
+    dir.sync_all()?;
+    written
 }
 
 /// `umount(2)` as root, `fusermount3 -u` otherwise.

@@ -24,6 +24,10 @@ use std::sync::Arc;
 /// Files up to this size are stored inline, like the kernel's default
 /// `max_inline`.
 pub const MAX_INLINE: u64 = 2048;
+
+/// Metadata a written range adds at writeback besides its bytes or
+/// checksums: an item's header and the extent item (a generous bound).
+const DELALLOC_ITEM_METADATA: u64 = 128;
 /// Largest data extent the kernel creates.
 pub(crate) const MAX_EXTENT: u64 = MAX_EXTENT_SIZE;
 /// Dirty data beyond this is handed to the writeback thread.
@@ -114,6 +118,14 @@ impl Filesystem {
                 + u64::from(uninline && first > 0 && d.sector(id, 0).is_none())
         };
         self.reserve_dirty_space(&mut w, new_sectors * ss)?;
+        // What writing it back will take of metadata: a small file's data
+        // itself (an inline extent), else an extent item and checksums.
+        let metadata = if new_size <= MAX_INLINE {
+            data.len() as u64 + DELALLOC_ITEM_METADATA
+        } else {
+            new_sectors * 4 + DELALLOC_ITEM_METADATA
+        };
+        self.reserve_delalloc_metadata(&mut w, metadata)?;
         // Sectors the write covers in part keep their other bytes (dirty
         // ones, or from disk): read first, so a failed read (a damaged
         // extent) leaves nothing of the write behind.
@@ -476,6 +488,36 @@ impl Filesystem {
 
     /// Make sure `more` bytes of dirty data can be written back later:
     /// every dirty sector needs a new one on disk (copy-on-write).
+    /// Count `more` bytes of metadata the dirty data will take at
+    /// writeback. When the free metadata space would no longer hold all of
+    /// it and the reserve, the dirty data is written back (a commit) to
+    /// see what it really takes, then a chunk is added; ENOSPC only if it
+    /// still would not: a commit must never run out of space half-way.
+    pub(crate) fn reserve_delalloc_metadata(&self, w: &mut Writer, more: u64) -> Result<()> {
+        let reserve = self.metadata_reserve();
+        let enough = |w: &Writer, extra: u64| {
+            w.blocks.alloc.free_bytes(SpaceKind::Metadata) >= extra + w.delalloc_metadata + more
+        };
+        if !enough(w, 2 * reserve) {
+            if w.delalloc_metadata > 0 {
+                self.commit_locked(w)?;
+            }
+            if !enough(w, 2 * reserve) {
+                match self.alloc_chunk(w, SpaceKind::Metadata) {
+                    Ok(()) | Err(Error::NoSpace(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            if !enough(w, reserve) {
+                return Err(Error::NoSpace(
+                    "metadata space for the written data is down to its reserve".into(),
+                ));
+            }
+        }
+        w.delalloc_metadata += more;
+        Ok(())
+    }
+
     pub(crate) fn reserve_dirty_space(&self, w: &mut Writer, more: u64) -> Result<()> {
         let enough = |fs: &Self, w: &Writer| {
             w.blocks.alloc.free_bytes(SpaceKind::Data) >= fs.delalloc().bytes() + more

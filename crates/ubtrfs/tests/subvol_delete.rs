@@ -545,14 +545,7 @@ fn dead_roots(img: &Path) -> usize {
 fn a_subvolume_deleted_in_use_lives_until_its_last_release() {
     testkit::require_privileged!();
     let t = TestDir::new("lib-subvol-delete-in-use").unwrap();
-    let opts = KernelImageOptions {
-        mkfs: MkfsOptions {
-            device_size: 256 << 20,
-            ..MkfsOptions::default()
-        },
-        mount_options: String::new(),
-    };
-    let image = kernel_image(&t.join("img"), &opts, |_| Ok(())).unwrap();
+    let image = kernel_image(&t.join("img"), &opts(), |_| Ok(())).unwrap();
     let img = image.path().to_path_buf();
     let file = NewInode {
         mode: libc::S_IFREG | 0o644,

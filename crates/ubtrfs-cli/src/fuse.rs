@@ -1599,6 +1599,7 @@ impl FuseFs {
         if !self.served.writable() {
             return Err(Errno::EROFS);
         }
+        self.check_writable_views(req, ino)?;
         let dir = self.inode_of(ino);
         let name = request.name();
         // Another user than root creates and snapshots where the kernel
@@ -1706,6 +1707,21 @@ impl FuseFs {
         Ok(())
     }
 
+    /// `EROFS` if the caller reaches `ino` through a read-only mount (a
+    /// read-only bind mount of this one), as the kernel answers any
+    /// caller, root too.
+    fn check_writable_views(&self, req: &Caller, ino: INodeNo) -> Result<(), Errno> {
+        let Some(dev) = self.device() else {
+            return Ok(());
+        };
+        for view in caller_access::descriptors_of(req.pid(), dev, ino.0) {
+            if caller_access::read_only_mount(&view) {
+                return Err(Errno::EROFS);
+            }
+        }
+        Ok(())
+    }
+
     /// The mount's device (`major:minor`).
     fn device(&self) -> Option<(u32, u32)> {
         self.mount_dev
@@ -1765,6 +1781,7 @@ impl FuseFs {
         if !self.served.writable() {
             return Err(Errno::EROFS);
         }
+        self.check_writable_views(req, ino)?;
         if id.ino != ubtrfs::format::consts::FIRST_INODE || id.is_placeholder() {
             return Err(Errno::EINVAL);
         }

@@ -181,6 +181,15 @@ pub fn may_add_name(dir: &Pinned, who: &Credentials) -> Result<(), Errno> {
     })?
 }
 
+/// Whether the mount `file` was reached through is read-only.
+pub fn read_only_mount(file: &Pinned) -> bool {
+    // SAFETY: fstatvfs fills the struct it is given; the descriptor is open
+    // (O_PATH descriptors are taken since Linux 3.12).
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::fstatvfs(file.fd.as_raw_fd(), &mut st) == 0 && st.f_flag & libc::ST_RDONLY != 0 }
+}
+
 /// Open pinned directory `dir` for reading (the mount's own file: at most
 /// an OPENDIR of its own). `None` if it is no directory.
 pub fn open_dir(dir: &Pinned) -> Option<std::fs::File> {

@@ -1429,7 +1429,9 @@ impl FuseFs {
             };
             // As in the kernel (without `user_subvol_rm_allowed`): only
             // root deletes.
-            if req.uid() != 0 && matches!(request, subvol_ioctl::SubvolRequest::Destroy { .. }) {
+            if matches!(request, subvol_ioctl::SubvolRequest::Destroy { .. })
+                && !caller_access::Credentials::is_admin(req.uid(), req.pid())
+            {
                 return reply.error(Errno::EPERM);
             }
             // Served, and the kernel's cache of the name dropped, on a
@@ -1512,7 +1514,7 @@ impl FuseFs {
                 }
             }
             control::UBTRFS_IOC_SUBVOL_LIST => {
-                if req.uid() != 0 {
+                if !caller_access::Credentials::is_admin(req.uid(), req.pid()) {
                     return reply.error(Errno::EPERM);
                 }
                 let after = in_data
@@ -1604,13 +1606,15 @@ impl FuseFs {
         let name = request.name();
         // Another user than root creates and snapshots where the kernel
         // would let them (deletions were refused before the thread).
-        let caller = match req.uid() {
-            0 => None,
-            _ => Some(caller_access::Credentials::of(req.pid()).map(|mut c| {
+        let caller = match caller_access::Credentials::of(req.pid()) {
+            Ok(c) if req.uid() == 0 && c.admin => None,
+            Ok(mut c) => {
                 // The request's own ids are the ones its kernel call had.
                 (c.uid, c.gid) = (req.uid(), req.gid());
-                c
-            })?),
+                Some(c)
+            }
+            Err(_) if req.uid() == 0 => return Err(Errno::EPERM),
+            Err(e) => return Err(e),
         };
         match request {
             SubvolRequest::Create { .. } => {
@@ -1771,8 +1775,8 @@ impl FuseFs {
     ) -> Result<(), Errno> {
         let id = self.inode_of(ino);
         // The kernel's order: owner, writable mount, subvolume root, flags.
-        if req.uid() != 0 {
-            let who = caller_access::Credentials::of(req.pid())?;
+        let who = caller_access::Credentials::of(req.pid())?;
+        if !(req.uid() == 0 && who.admin) {
             let owner = self.served.read(|fs| fs.stat(id).map_err(errno))?.uid;
             if owner != req.uid() && !who.fowner {
                 return Err(Errno::EPERM);

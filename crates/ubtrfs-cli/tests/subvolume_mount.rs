@@ -286,6 +286,26 @@ fn subvolumes_come_and_go_on_a_live_mount() {
         "only root",
     );
     user_fails(none, &["subvolume", "list", &p(&mnt, "user")], "only root");
+    // Root without CAP_SYS_ADMIN deletes and lists none either.
+    for (args, wanted) in [
+        (
+            &["subvolume", "delete", &p(&mnt, "snaps/vol")][..],
+            "CAP_SYS_ADMIN",
+        ),
+        (&["subvolume", "list", &p(&mnt, "user")][..], "only root"),
+    ] {
+        let out = Command::new("setpriv")
+            .arg("--bounding-set=-sys_admin")
+            .arg(common::ubtrfs_bin())
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            !out.status.success() && show(&out).contains(wanted),
+            "{args:?} without CAP_SYS_ADMIN: {}",
+            show(&out)
+        );
+    }
     assert!(!mnt.join("user/v").exists() && !mnt.join("nope").exists());
     assert!(!mnt.join("grp/g2").exists());
     assert!(mnt.join("snaps/vol").exists() && mnt.join("user/mine-snap").exists());

@@ -265,6 +265,9 @@ fn send(dir: &std::fs::File, request: &SubvolRequest) -> Result<()> {
             (SubvolRequest::Destroy { .. }, libc::EPERM) if !is_root() => {
                 "in a mount, only root deletes subvolumes"
             }
+            (SubvolRequest::Destroy { .. }, libc::EPERM) if !has_sys_admin() => {
+                "in a mount, only root with CAP_SYS_ADMIN deletes subvolumes"
+            }
             (SubvolRequest::Snapshot { .. }, libc::EPERM) if !is_root() => {
                 "only the source's owner (or root) snapshots it"
             }
@@ -303,6 +306,16 @@ fn send_raw(dir: &std::fs::File, request: &SubvolRequest) -> std::io::Result<()>
     } else {
         Err(std::io::Error::last_os_error())
     }
+}
+
+/// Whether this process has `CAP_SYS_ADMIN` in effect.
+fn has_sys_admin() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .is_some_and(|caps| caps & (1 << 21) != 0)
+    })
 }
 
 fn is_root() -> bool {

@@ -30,10 +30,14 @@ pub struct Credentials {
     pub groups: Vec<u32>,
     /// `CAP_FOWNER` in effect: the caller acts as any file's owner.
     pub fowner: bool,
+    /// `CAP_SYS_ADMIN` in effect: what the kernel leaves to root
+    /// (deleting subvolumes, listing them) is allowed.
+    pub admin: bool,
 }
 
-/// `CAP_FOWNER`'s bit in a capability set.
+/// `CAP_FOWNER`'s and `CAP_SYS_ADMIN`'s bits in a capability set.
 const CAP_FOWNER: u32 = 3;
+const CAP_SYS_ADMIN: u32 = 21;
 
 impl Credentials {
     /// The credentials in `/proc/PID/status` text: the file-system uid and
@@ -53,6 +57,7 @@ impl Credentials {
             gid: fourth("Gid:")?,
             groups,
             fowner: caps & (1 << CAP_FOWNER) != 0,
+            admin: caps & (1 << CAP_SYS_ADMIN) != 0,
         })
     }
 
@@ -67,7 +72,15 @@ impl Credentials {
         let same = ns(format!("/proc/{pid}/ns/user"))
             .is_some_and(|theirs| ns("/proc/self/ns/user".into()) == Some(theirs));
         c.fowner &= same;
+        c.admin &= same;
         Ok(c)
+    }
+
+    /// Whether the caller of a request (`uid` as FUSE saw it, process
+    /// `pid`) is root as the kernel means it here: uid 0 with
+    /// `CAP_SYS_ADMIN` (not a root whose capabilities were dropped).
+    pub fn is_admin(uid: u32, pid: u32) -> bool {
+        uid == 0 && Credentials::of(pid).is_ok_and(|c| c.admin)
     }
 }
 
@@ -322,6 +335,7 @@ mod tests {
                 gid: 101,
                 groups: vec![4, 27, 2000],
                 fowner: true,
+                admin: false,
             })
         );
         let none = status.replace("0000000000000008", "0000000000000000");
@@ -356,6 +370,7 @@ mod tests {
             gid: 4321,
             groups: vec![],
             fowner: false,
+            admin: false,
         };
         let pid = std::process::id();
         let a = std::fs::File::open(&open).unwrap();

@@ -116,6 +116,11 @@ pub enum Error {
     /// What is asked for would take something from its users.
     #[error("in use: {0}")]
     Busy(String),
+    /// An operation that commits failed after it had begun to change the
+    /// filesystem: the running transaction may be half changed, and must
+    /// not be committed (a FUSE mount stops taking changes).
+    #[error("{0}")]
+    AfterChange(Box<Error>),
 }
 
 impl Error {
@@ -137,6 +142,7 @@ impl Error {
             Error::TooManyLinks(_) => libc::EMLINK,
             Error::NameTooLong(_) => libc::ENAMETOOLONG,
             Error::Busy(_) => libc::EBUSY,
+            Error::AfterChange(inner) => inner.errno(),
             Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             _ => libc::EIO,
         }
@@ -144,5 +150,38 @@ impl Error {
 
     pub(crate) fn corrupt(msg: impl Into<String>) -> Self {
         Error::Corrupt(msg.into())
+    }
+
+    /// This error, met after its operation began to change the
+    /// filesystem (see [`Error::AfterChange`]).
+    pub(crate) fn after_change(self) -> Self {
+        match self {
+            Error::AfterChange(_) => self,
+            e => Error::AfterChange(Box::new(e)),
+        }
+    }
+
+    /// Whether this error came after its operation began to change the
+    /// filesystem, which may be half changed.
+    pub fn is_after_change(&self) -> bool {
+        matches!(self, Error::AfterChange(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error met after a change began keeps its errno and message, and
+    /// is marked once however often it is passed on.
+    #[test]
+    fn errors_after_a_change_keep_their_errno() {
+        let e = Error::NoSpace("metadata".into()).after_change();
+        assert!(e.is_after_change());
+        assert_eq!(e.errno(), libc::ENOSPC);
+        assert_eq!(e.to_string(), "no space left: metadata");
+        let twice = e.after_change();
+        assert!(matches!(&twice, Error::AfterChange(inner) if !inner.is_after_change()));
+        assert!(!Error::NotFound("x".into()).is_after_change());
     }
 }

@@ -135,10 +135,12 @@ impl Served {
     }
 
     /// [`Served::write`] for a change the library commits itself (a
-    /// snapshot, a subvolume's deletion): an error other than a refusal
-    /// (a name that exists, a directory not empty, ...) may have stopped
-    /// that commit half-way, and closes the filesystem to changes as a
-    /// failed [`Served::commit`] does.
+    /// snapshot, a subvolume's deletion): an error the library marks as
+    /// met after the change began ([`ubtrfs::Error::AfterChange`]) may
+    /// have stopped it, or its commit, half-way, and closes the filesystem
+    /// to changes as a failed [`Served::commit`] does; any other is a
+    /// refusal (a name that exists, no space left before anything
+    /// changed, ...).
     pub fn write_committing<T>(
         &self,
         why: &str,
@@ -152,23 +154,13 @@ impl Served {
             return answer.and(Err(Errno::EROFS));
         }
         let done = f(&self.fs).map_err(|e| {
-            use ubtrfs::Error as E;
-            match e {
+            if e.is_after_change() {
+                // Stopped in its changes or in a commit, as a failed
+                // `commit` would have.
+                self.failed(why, &e)
+            } else {
                 // Refused before anything changed.
-                E::NotFound(_)
-                | E::NotDir(_)
-                | E::IsDir(_)
-                | E::Invalid(_)
-                | E::Exists(_)
-                | E::NotEmpty(_)
-                | E::NotPermitted(_)
-                | E::Unsupported(_)
-                | E::CrossDevice(_)
-                | E::NameTooLong(_)
-                | E::Busy(_)
-                | E::ReadOnly(_) => super::errno(e),
-                // Anything else may have stopped the commit half-way.
-                e => self.failed(why, &e),
+                super::errno(e)
             }
         })?;
         self.committed(alone);

@@ -165,27 +165,33 @@ impl Filesystem {
                 "files in subvolume {subvol} are open: close them first"
             )));
         }
-        self.commit_locked(&mut w)?;
-        let (key, mut data) = self.root_item_bytes(subvol)?;
-        let field = data
-            .get_mut(208..216)
-            .ok_or_else(|| Error::corrupt(format!("subvolume {subvol} has a short root item")))?;
-        let mut flags = u64::from_le_bytes(field.try_into().unwrap_or_default());
-        if readonly {
-            flags |= ROOT_SUBVOL_RDONLY;
-        } else {
-            flags &= !ROOT_SUBVOL_RDONLY;
-        }
-        field.copy_from_slice(&flags.to_le_bytes());
-        self.modify_tree(&mut w, ROOT_TREE_OBJECTID, |ed, root| {
-            ed.put(root, key, data)
-        })?;
-        if readonly {
-            w.blocks.readonly.insert(subvol);
-        } else {
-            w.blocks.readonly.remove(&subvol);
-        }
-        self.commit_locked(&mut w)
+        // A failure from here on, a commit's too, may leave the
+        // transaction half changed (Error::AfterChange), as a failed
+        // commit anywhere does.
+        let done = (|| -> Result<()> {
+            self.commit_locked(&mut w)?;
+            let (key, mut data) = self.root_item_bytes(subvol)?;
+            let field = data.get_mut(208..216).ok_or_else(|| {
+                Error::corrupt(format!("subvolume {subvol} has a short root item"))
+            })?;
+            let mut flags = u64::from_le_bytes(field.try_into().unwrap_or_default());
+            if readonly {
+                flags |= ROOT_SUBVOL_RDONLY;
+            } else {
+                flags &= !ROOT_SUBVOL_RDONLY;
+            }
+            field.copy_from_slice(&flags.to_le_bytes());
+            self.modify_tree(&mut w, ROOT_TREE_OBJECTID, |ed, root| {
+                ed.put(root, key, data)
+            })?;
+            if readonly {
+                w.blocks.readonly.insert(subvol);
+            } else {
+                w.blocks.readonly.remove(&subvol);
+            }
+            self.commit_locked(&mut w)
+        })();
+        done.map_err(Error::after_change)
     }
 }
 

@@ -80,29 +80,35 @@ impl Filesystem {
             .ok_or_else(|| Error::NotFound(format!("subvolume {id}")))?;
         // The subvolume's blocks on disk: the drop then meets no block this
         // transaction made, and delayed data of its files is written.
-        self.commit_locked(&mut w)?;
-        let now = Timespec::now();
-        self.unlink_subvol(&mut w, dir, name, id, now)?;
-        self.remove_uuid(&mut w, &item.uuid, UUID_KEY_SUBVOL, id)?;
-        if item.received_uuid != [0; 16] {
-            self.remove_uuid(&mut w, &item.received_uuid, UUID_KEY_RECEIVED_SUBVOL, id)?;
-        }
-        let in_use = {
-            // Decided and marked at once: a last use ending in between
-            // either came first (the tree goes now) or sees the mark.
-            let mut open = self.open_inodes();
-            let in_use = open.subvol_in_use(id);
-            if in_use {
-                open.deleted_in_use.insert(id);
+        // A failure from here on, a commit's too, may leave the
+        // transaction half changed (Error::AfterChange), as a failed
+        // commit anywhere does.
+        let done = (|| -> Result<()> {
+            self.commit_locked(&mut w)?;
+            let now = Timespec::now();
+            self.unlink_subvol(&mut w, dir, name, id, now)?;
+            self.remove_uuid(&mut w, &item.uuid, UUID_KEY_SUBVOL, id)?;
+            if item.received_uuid != [0; 16] {
+                self.remove_uuid(&mut w, &item.received_uuid, UUID_KEY_RECEIVED_SUBVOL, id)?;
             }
-            in_use
-        };
-        if in_use {
-            self.mark_dead(&mut w, id)?;
-        } else {
-            self.drop_subvol_tree(&mut w, id, None)?;
-        }
-        self.commit_locked(&mut w)
+            let in_use = {
+                // Decided and marked at once: a last use ending in between
+                // either came first (the tree goes now) or sees the mark.
+                let mut open = self.open_inodes();
+                let in_use = open.subvol_in_use(id);
+                if in_use {
+                    open.deleted_in_use.insert(id);
+                }
+                in_use
+            };
+            if in_use {
+                self.mark_dead(&mut w, id)?;
+            } else {
+                self.drop_subvol_tree(&mut w, id, None)?;
+            }
+            self.commit_locked(&mut w)
+        })();
+        done.map_err(Error::after_change)
     }
 
     /// Someone uses `n` more of subvolume `subvol` (a FUSE mount: the
@@ -145,14 +151,20 @@ impl Filesystem {
             return Ok(());
         }
         self.long_work_ahead();
-        // Its files' delayed data written and its blocks on disk: the drop
-        // then meets no block this transaction made.
-        self.commit_locked(&mut w)?;
-        self.drop_subvol_tree(&mut w, subvol, None)?;
-        self.modify_tree(&mut w, ROOT_TREE_OBJECTID, |ed, root| {
-            ed.delete(root, Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, subvol))
-        })?;
-        self.commit_locked(&mut w)
+        // Its files' delayed data written and its blocks on disk: the
+        // drop then meets no block this transaction made.
+        // A failure from here on, a commit's too, may leave the
+        // transaction half changed (Error::AfterChange), as a failed
+        // commit anywhere does.
+        let done = (|| -> Result<()> {
+            self.commit_locked(&mut w)?;
+            self.drop_subvol_tree(&mut w, subvol, None)?;
+            self.modify_tree(&mut w, ROOT_TREE_OBJECTID, |ed, root| {
+                ed.delete(root, Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, subvol))
+            })?;
+            self.commit_locked(&mut w)
+        })();
+        done.map_err(Error::after_change)
     }
 
     /// Every hold on subvolumes ends (a FUSE session is over, whatever

@@ -1601,7 +1601,7 @@ impl FuseFs {
         if !self.served.writable() {
             return Err(Errno::EROFS);
         }
-        self.check_writable_views(req, ino)?;
+        let views = self.writable_views(req, ino)?;
         let dir = self.inode_of(ino);
         let name = request.name();
         // Another user than root creates and snapshots where the kernel
@@ -1619,7 +1619,7 @@ impl FuseFs {
         match request {
             SubvolRequest::Create { .. } => {
                 if let Some(who) = &caller {
-                    self.check_may_link(req, ino, name, who)?;
+                    self.check_may_link(&views, ino, name, who)?;
                 }
                 // The kernel applies the caller's umask to the new root.
                 let mode = 0o777 & !caller_umask(req.pid()).unwrap_or(0o022);
@@ -1656,7 +1656,7 @@ impl FuseFs {
                 }
                 write_back_kernel_cache(&source);
                 if let Some(who) = &caller {
-                    self.check_may_link(req, ino, name, who)?;
+                    self.check_may_link(&views, ino, name, who)?;
                 }
                 // Commits inside: a failure there is a failed commit.
                 self.served.write_committing("snapshot", |fs| {
@@ -1686,7 +1686,7 @@ impl FuseFs {
     /// attributes meanwhile.
     fn check_may_link(
         &self,
-        req: &Caller,
+        views: &[caller_access::Pinned],
         ino: INodeNo,
         name: &[u8],
         who: &caller_access::Credentials,
@@ -1697,33 +1697,35 @@ impl FuseFs {
             Err(ubtrfs::Error::NotFound(_)) => {}
             Err(e) => return Err(errno(e)),
         }
-        let dev = self.device().ok_or(Errno::EPERM)?;
-        let views = caller_access::descriptors_of(req.pid(), dev, ino.0);
         if views.is_empty() {
             // The descriptor the request came on is gone, or not the
             // caller's own: nothing to check against.
             return Err(Errno::EPERM);
         }
         // Every view the caller holds of the directory must allow it.
-        for dir in &views {
+        for dir in views {
             caller_access::may_add_name(dir, who)?;
         }
         Ok(())
     }
 
-    /// `EROFS` if the caller reaches `ino` through a read-only mount (a
+    /// The caller's views of `ino` (its descriptors of it, pinned), found
+    /// once per request; `EROFS` if one goes through a read-only mount (a
     /// read-only bind mount of this one), as the kernel answers any
     /// caller, root too.
-    fn check_writable_views(&self, req: &Caller, ino: INodeNo) -> Result<(), Errno> {
+    fn writable_views(
+        &self,
+        req: &Caller,
+        ino: INodeNo,
+    ) -> Result<Vec<caller_access::Pinned>, Errno> {
         let Some(dev) = self.device() else {
-            return Ok(());
+            return Ok(Vec::new());
         };
-        for view in caller_access::descriptors_of(req.pid(), dev, ino.0) {
-            if caller_access::read_only_mount(&view) {
-                return Err(Errno::EROFS);
-            }
+        let views = caller_access::descriptors_of(req.pid(), dev, ino.0);
+        if views.iter().any(caller_access::read_only_mount) {
+            return Err(Errno::EROFS);
         }
-        Ok(())
+        Ok(views)
     }
 
     /// The mount's device (`major:minor`).
@@ -1785,7 +1787,7 @@ impl FuseFs {
         if !self.served.writable() {
             return Err(Errno::EROFS);
         }
-        self.check_writable_views(req, ino)?;
+        let views = self.writable_views(req, ino)?;
         if id.ino != ubtrfs::format::consts::FIRST_INODE || id.is_placeholder() {
             return Err(Errno::EINVAL);
         }
@@ -1794,10 +1796,7 @@ impl FuseFs {
             return Err(Errno::EOPNOTSUPP);
         }
         let readonly = flags & subvol_ioctl::SUBVOL_RDONLY != 0;
-        if readonly
-            && let Some(dev) = self.device()
-            && let Some(dir) = caller_access::descriptors_of(req.pid(), dev, ino.0).first()
-        {
+        if readonly && let Some(dir) = views.first() {
             write_back_kernel_cache(dir);
         }
         self.served.write_committing("property", |fs| {

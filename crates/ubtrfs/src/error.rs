@@ -121,6 +121,12 @@ pub enum Error {
     /// not be committed (a FUSE mount stops taking changes).
     #[error("{0}")]
     AfterChange(Box<Error>),
+    /// An earlier change failed half-way ([`Filesystem::aborted`]): the
+    /// filesystem takes no more changes until it is opened again.
+    ///
+    /// [`Filesystem::aborted`]: crate::fs::Filesystem::aborted
+    #[error("the filesystem takes no more changes: {0}")]
+    Aborted(String),
 }
 
 impl Error {
@@ -133,7 +139,7 @@ impl Error {
             Error::Invalid(_) => libc::EINVAL,
             Error::NoSpace(_) => libc::ENOSPC,
             Error::NoData(_) => libc::ENXIO,
-            Error::ReadOnly(_) => libc::EROFS,
+            Error::ReadOnly(_) | Error::Aborted(_) => libc::EROFS,
             Error::Exists(_) => libc::EEXIST,
             Error::NotEmpty(_) => libc::ENOTEMPTY,
             Error::Unsupported(_) => libc::EOPNOTSUPP,

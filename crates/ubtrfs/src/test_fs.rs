@@ -53,6 +53,14 @@ impl TestFs {
         Ok(())
     }
 
+    /// Close without committing and open the image again, read-write:
+    /// what the last commit wrote is what comes back.
+    pub fn reopen_uncommitted(&mut self) -> Result<()> {
+        drop(self.fs.take());
+        self.fs = Some(Filesystem::open_read_write(&[&self.img])?);
+        Ok(())
+    }
+
     /// A new regular file `name` in the top directory, holding `data`,
     /// committed.
     pub fn file(&self, name: &[u8], data: &[u8]) -> InodeId {

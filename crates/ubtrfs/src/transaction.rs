@@ -21,6 +21,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
+pub mod abort;
+
 /// The transaction's source of tree blocks: the allocator and the
 /// reference changes it owes the extent tree.
 pub struct TxnBlocks {
@@ -432,6 +434,10 @@ impl BlockSource for TxnBlocks {
     fn share_root(&mut self, owner: u64, node: &Node) -> Result<()> {
         self.ref_children(node, Holder::Root(owner), 1)
     }
+
+    fn edited(&mut self) {
+        abort::note_edit();
+    }
 }
 
 /// Write state of a filesystem opened read-write.
@@ -684,6 +690,7 @@ impl Filesystem {
     }
 
     pub(crate) fn lock_writer(&self) -> Result<std::sync::MutexGuard<'_, Writer>> {
+        self.check_not_aborted()?;
         self.writer
             .as_ref()
             .ok_or_else(|| Error::ReadOnly("the filesystem was opened read-only".into()))
@@ -760,6 +767,8 @@ impl Filesystem {
         tree_id: u64,
         f: impl FnOnce(&mut TreeEditor<'_>, &mut RootPtr) -> Result<R>,
     ) -> Result<R> {
+        #[cfg(test)]
+        abort::injected_fault()?;
         let mut root = self
             .root_ptr(tree_id)?
             .ok_or_else(|| Error::NotFound(format!("tree {tree_id}")))?;
@@ -840,8 +849,10 @@ impl Filesystem {
 
     /// Commit the running transaction, if it changed anything.
     pub fn commit(&self) -> Result<()> {
-        let mut w = self.lock_writer()?;
-        self.commit_locked(&mut w)
+        self.change("commit", || {
+            let mut w = self.lock_writer()?;
+            self.commit_locked(&mut w)
+        })
     }
 
     /// [`Filesystem::commit`] inside the caller's hold on the transaction.
@@ -867,6 +878,7 @@ impl Filesystem {
         // Without a log there is nothing half changed; with one, it goes below.
         w.log_broken = false;
         if !w.is_dirty() && unused.is_empty() {
+            abort::whole();
             return Ok(());
         }
         // The log's blocks are free in what this commit writes (the
@@ -879,7 +891,11 @@ impl Filesystem {
         self.remove_groups(w, &unused)?;
         self.settle(w)?;
         self.delalloc().drop_spares();
-        self.write_out(w)
+        self.write_out(w)?;
+        // What is on disk now is whole (a commit never runs half way
+        // through an operation).
+        abort::whole();
+        Ok(())
     }
 
     /// Bring the extent, free-space and root trees up to date with every

@@ -268,6 +268,9 @@ fn a_full_disk_says_enospc_and_keeps_what_was_committed() {
         "not ENOSPC: {err:?}"
     );
     assert!(err.to_string().contains("space"), "{err}");
+    // Refused before anything changed: the filesystem goes on.
+    assert!(!err.is_after_change(), "{err:?}");
+    assert_eq!(fs.aborted(), None);
     // What did fit can still be committed.
     fs.commit().unwrap();
     drop(fs);

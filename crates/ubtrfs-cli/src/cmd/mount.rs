@@ -496,9 +496,24 @@ fn serve(
         let served = Arc::new(Served::new(fs, !settings.read_only));
         let fuse = FuseFs::new(Arc::clone(&served), opts);
         let serving = fuse.clone();
-        let mut session = fuser::Session::new(fuse, mountpoint, config).with_context(|| {
-            format!("cannot mount {} on {}", list(devices), mountpoint.display())
-        })?;
+        let mut session = match fuser::Session::new(fuse, mountpoint, config) {
+            Ok(session) => session,
+            // Unmounted the moment it was mounted, before the kernel's
+            // first request: nothing was served, nothing changed since
+            // the open, and the mount ends as after any unmount.
+            Err(e) if e.kind() == std::io::ErrorKind::NotConnected => {
+                tracing::info!("unmounted before the first request: {e}");
+                served
+                    .commit("last")
+                    .map_err(|_| anyhow!("the last commit failed (the log says why)"))?;
+                return Ok(None);
+            }
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("cannot mount {} on {}", list(devices), mountpoint.display())
+                });
+            }
+        };
         serving.note_mounted();
         // Before any request is served: a change may need to tell the
         // kernel what it caches (a killed set-user-ID bit).
@@ -546,10 +561,17 @@ fn serve(
             .context("cannot start the threads reading /dev/fuse")?;
         raise_readahead(mountpoint);
         let unmounter = session.unmount_callable();
-        Ok((session, dev, unmounter, served))
+        Ok(Some((session, dev, unmounter, served)))
     })();
     let (session, dev, unmounter, served) = match mounted {
-        Ok(m) => m,
+        Ok(Some(m)) => m,
+        Ok(None) => {
+            if let Some(mut pipe) = notify.take() {
+                let _ = pipe.write_all(b"ok");
+            }
+            tracing::info!("{} unmounted", mountpoint.display());
+            return Ok(());
+        }
         Err(e) => {
             if let Some(mut pipe) = notify.take() {
                 let _ = write!(pipe, "{}", crate::util::error_chain(&e));

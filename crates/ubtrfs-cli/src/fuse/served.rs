@@ -131,7 +131,25 @@ impl Served {
         if self.closed.load(Ordering::Acquire) {
             return Err(Errno::EROFS);
         }
-        f(&self.fs)
+        let r = f(&self.fs);
+        if r.is_err() {
+            self.close_if_aborted();
+        }
+        r
+    }
+
+    /// A change that failed half-way stopped the library taking changes
+    /// ([`Filesystem::aborted`]): log it once and close the filesystem to
+    /// changes, as a failed commit does. Called under the exclusive lock.
+    fn close_if_aborted(&self) {
+        if let Some(why) = self.fs.aborted()
+            && !self.closed.load(Ordering::Acquire)
+        {
+            tracing::error!(
+                "{why}: the filesystem takes no more changes, and those since the last commit are lost"
+            );
+            self.fail(why.to_string());
+        }
     }
 
     /// [`Served::write`] for a change the library commits itself (a

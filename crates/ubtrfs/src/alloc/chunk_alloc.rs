@@ -93,123 +93,126 @@ impl Filesystem {
 
     /// Add a chunk for `kind` in the filesystem's profile for it.
     pub(crate) fn alloc_chunk(&self, w: &mut Writer, kind: SpaceKind) -> Result<()> {
-        if kind == SpaceKind::System {
-            return Err(Error::NoSpace("the system chunk is full".into()));
-        }
-        tracing::debug!(
-            ?kind,
-            free = w.blocks.alloc.free_bytes(kind),
-            pinned = w.blocks.alloc.pinned_bytes(kind),
-            "new chunk"
-        );
-        let flags = self.profile_of(w, kind)?;
-        let profile = Profile::from_flags(flags)?;
-        let total = self.superblock().total_bytes;
-        let cap = if kind == SpaceKind::Data {
-            1 << 30
-        } else {
-            256 << 20
-        };
-        let mut size = (total / 10).clamp(8 << 20, cap) / CHUNK_ALIGN * CHUNK_ALIGN;
-        let mut devs = self.device_space()?;
-        let (stripes, sub_stripes, data_stripes) = loop {
-            if let Some(plan) = plan_stripes(&mut devs, profile, size) {
-                break plan;
+        // A chunk added is whole in itself, inside any operation.
+        crate::transaction::abort::unit(|| {
+            if kind == SpaceKind::System {
+                return Err(Error::NoSpace("the system chunk is full".into()));
             }
-            size /= 2;
-            if size < CHUNK_ALIGN {
-                return Err(Error::NoSpace(format!(
-                    "no device space for a new {kind:?} chunk ({})",
-                    profile.name()
-                )));
-            }
-            devs = self.device_space()?;
-        };
-        // What plan_stripes took of each device: whole stripe_len units,
-        // so a row of a striped chunk never ends inside a stripe.
-        let stripe_size = (size / data_stripes) / STRIPE_LEN * STRIPE_LEN;
-        let logical = self
-            .tree_reader()
-            .volume()
-            .chunks
-            .end()
-            .div_ceil(CHUNK_ALIGN)
-            * CHUNK_ALIGN;
-        let chunk = ChunkItem {
-            length: stripe_size * data_stripes,
-            owner: EXTENT_TREE_OBJECTID,
-            stripe_len: STRIPE_LEN,
-            chunk_type: flags,
-            io_align: STRIPE_LEN as u32,
-            io_width: STRIPE_LEN as u32,
-            sector_size: self.geometry().sectorsize,
-            sub_stripes,
-            stripes: stripes
-                .iter()
-                .map(|&(devid, offset, uuid)| Stripe {
-                    devid,
-                    offset,
-                    dev_uuid: uuid,
-                })
-                .collect(),
-        };
-        let length = chunk.length;
-        let chunk_bytes = chunk.to_bytes();
-        self.modify_tree(w, CHUNK_TREE_OBJECTID, |ed, root| {
-            ed.insert(
-                root,
-                Key::new(FIRST_CHUNK_TREE_OBJECTID, CHUNK_ITEM_KEY, logical),
-                chunk_bytes,
-            )?;
-            for &(devid, _, _) in &stripes {
-                ed.update(
+            tracing::debug!(
+                ?kind,
+                free = w.blocks.alloc.free_bytes(kind),
+                pinned = w.blocks.alloc.pinned_bytes(kind),
+                "new chunk"
+            );
+            let flags = self.profile_of(w, kind)?;
+            let profile = Profile::from_flags(flags)?;
+            let total = self.superblock().total_bytes;
+            let cap = if kind == SpaceKind::Data {
+                1 << 30
+            } else {
+                256 << 20
+            };
+            let mut size = (total / 10).clamp(8 << 20, cap) / CHUNK_ALIGN * CHUNK_ALIGN;
+            let mut devs = self.device_space()?;
+            let (stripes, sub_stripes, data_stripes) = loop {
+                if let Some(plan) = plan_stripes(&mut devs, profile, size) {
+                    break plan;
+                }
+                size /= 2;
+                if size < CHUNK_ALIGN {
+                    return Err(Error::NoSpace(format!(
+                        "no device space for a new {kind:?} chunk ({})",
+                        profile.name()
+                    )));
+                }
+                devs = self.device_space()?;
+            };
+            // What plan_stripes took of each device: whole stripe_len units,
+            // so a row of a striped chunk never ends inside a stripe.
+            let stripe_size = (size / data_stripes) / STRIPE_LEN * STRIPE_LEN;
+            let logical = self
+                .tree_reader()
+                .volume()
+                .chunks
+                .end()
+                .div_ceil(CHUNK_ALIGN)
+                * CHUNK_ALIGN;
+            let chunk = ChunkItem {
+                length: stripe_size * data_stripes,
+                owner: EXTENT_TREE_OBJECTID,
+                stripe_len: STRIPE_LEN,
+                chunk_type: flags,
+                io_align: STRIPE_LEN as u32,
+                io_width: STRIPE_LEN as u32,
+                sector_size: self.geometry().sectorsize,
+                sub_stripes,
+                stripes: stripes
+                    .iter()
+                    .map(|&(devid, offset, uuid)| Stripe {
+                        devid,
+                        offset,
+                        dev_uuid: uuid,
+                    })
+                    .collect(),
+            };
+            let length = chunk.length;
+            let chunk_bytes = chunk.to_bytes();
+            self.modify_tree(w, CHUNK_TREE_OBJECTID, |ed, root| {
+                ed.insert(
                     root,
-                    Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, devid),
-                    |d| {
-                        let mut item = DevItem::parse(d)?;
-                        item.bytes_used += stripe_size;
-                        *d = item.to_bytes();
-                        Ok(())
-                    },
-                )?
-                .ok_or_else(|| Error::corrupt(format!("device {devid} has no dev item")))?;
-            }
+                    Key::new(FIRST_CHUNK_TREE_OBJECTID, CHUNK_ITEM_KEY, logical),
+                    chunk_bytes,
+                )?;
+                for &(devid, _, _) in &stripes {
+                    ed.update(
+                        root,
+                        Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, devid),
+                        |d| {
+                            let mut item = DevItem::parse(d)?;
+                            item.bytes_used += stripe_size;
+                            *d = item.to_bytes();
+                            Ok(())
+                        },
+                    )?
+                    .ok_or_else(|| Error::corrupt(format!("device {devid} has no dev item")))?;
+                }
+                Ok(())
+            })?;
+            let uuid = w.chunk_tree_uuid();
+            self.modify_tree(w, DEV_TREE_OBJECTID, |ed, root| {
+                for &(devid, offset, _) in &stripes {
+                    let de = DevExtent {
+                        chunk_tree: CHUNK_TREE_OBJECTID,
+                        chunk_objectid: FIRST_CHUNK_TREE_OBJECTID,
+                        chunk_offset: logical,
+                        length: stripe_size,
+                        chunk_tree_uuid: uuid,
+                    };
+                    ed.insert(root, Key::new(devid, DEV_EXTENT_KEY, offset), de.to_bytes())?;
+                }
+                Ok(())
+            })?;
+            w.new_chunks.push((logical, length));
+            self.tree_reader().volume().chunks.insert(logical, chunk)?;
+            let mut group = BlockGroup {
+                start: logical,
+                len: length,
+                flags,
+                used: 0,
+                chunk_objectid: FIRST_CHUNK_TREE_OBJECTID,
+                free: RangeSet::new(),
+                pinned: RangeSet::new(),
+                dirty_used: false,
+                dirty_free: true,
+                read_only: false,
+            };
+            group.free.insert(logical, length);
+            let (key, bytes) = (group.key(), group.item_bytes());
+            let bg_tree = w.bg_tree();
+            self.modify_tree(w, bg_tree, |ed, root| ed.insert(root, key, bytes))?;
+            w.blocks.alloc.groups.insert(logical, group);
             Ok(())
-        })?;
-        let uuid = w.chunk_tree_uuid();
-        self.modify_tree(w, DEV_TREE_OBJECTID, |ed, root| {
-            for &(devid, offset, _) in &stripes {
-                let de = DevExtent {
-                    chunk_tree: CHUNK_TREE_OBJECTID,
-                    chunk_objectid: FIRST_CHUNK_TREE_OBJECTID,
-                    chunk_offset: logical,
-                    length: stripe_size,
-                    chunk_tree_uuid: uuid,
-                };
-                ed.insert(root, Key::new(devid, DEV_EXTENT_KEY, offset), de.to_bytes())?;
-            }
-            Ok(())
-        })?;
-        w.new_chunks.push((logical, length));
-        self.tree_reader().volume().chunks.insert(logical, chunk)?;
-        let mut group = BlockGroup {
-            start: logical,
-            len: length,
-            flags,
-            used: 0,
-            chunk_objectid: FIRST_CHUNK_TREE_OBJECTID,
-            free: RangeSet::new(),
-            pinned: RangeSet::new(),
-            dirty_used: false,
-            dirty_free: true,
-            read_only: false,
-        };
-        group.free.insert(logical, length);
-        let (key, bytes) = (group.key(), group.item_bytes());
-        let bg_tree = w.bg_tree();
-        self.modify_tree(w, bg_tree, |ed, root| ed.insert(root, key, bytes))?;
-        w.blocks.alloc.groups.insert(logical, group);
-        Ok(())
+        })
     }
 }
 

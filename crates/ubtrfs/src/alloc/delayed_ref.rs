@@ -116,6 +116,7 @@ impl DelayedRefs {
 
     /// Change tree block `bytenr`'s reference `r` by `d`.
     pub fn change_tree(&mut self, bytenr: u64, level: u8, r: BlockRef, d: i64) {
+        crate::transaction::abort::note_edit();
         let e = self.tree.entry(bytenr).or_default();
         e.level = level;
         let c = e.changes.entry(r).or_insert(0);
@@ -130,6 +131,7 @@ impl DelayedRefs {
 
     /// Set extent flags of tree block `bytenr`.
     pub fn set_tree_flags(&mut self, bytenr: u64, level: u8, flags: u64) {
+        crate::transaction::abort::note_edit();
         let e = self.tree.entry(bytenr).or_default();
         e.level = level;
         e.set_flags |= flags;
@@ -149,6 +151,7 @@ impl DelayedRefs {
 
     /// Change any reference `r` of data extent `bytenr` (of `len` bytes) by `d`.
     pub fn change_data_ref(&mut self, bytenr: u64, len: u64, r: DataRef, d: i64) {
+        crate::transaction::abort::note_edit();
         let e = self.data.entry(bytenr).or_insert_with(|| DataRefs {
             len,
             changes: BTreeMap::new(),

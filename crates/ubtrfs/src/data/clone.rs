@@ -61,11 +61,13 @@ impl Filesystem {
         dst_off: u64,
         len: u64,
     ) -> Result<()> {
-        // No commit is needed for no-COW files: their in-place check
-        // counts the new references still pending as delayed refs.
-        let mut w = self.writer()?;
-        self.clone_locked(&mut w, src, src_off, dst, dst_off, len)?;
-        Ok(())
+        self.change("clone", || {
+            // No commit is needed for no-COW files: their in-place check
+            // counts the new references still pending as delayed refs.
+            let mut w = self.writer()?;
+            self.clone_locked(&mut w, src, src_off, dst, dst_off, len)?;
+            Ok(())
+        })
     }
 
     /// [`Filesystem::clone_range`] inside the transaction.
@@ -149,8 +151,12 @@ impl Filesystem {
             // The destination first grows to where the range starts, as a
             // truncate would make it: its old last sector zeroed past the
             // end, an inline extent moved out, holes covered.
-            self.truncate_locked(w, dst, dst_off, now)?;
-            self.writeback(w, dst)?;
+            // Whole in itself: a clone refused further on (an encoded
+            // source extent) leaves a longer file, nothing half done.
+            crate::transaction::abort::unit(|| {
+                self.truncate_locked(w, dst, dst_off, now)?;
+                self.writeback(w, dst)
+            })?;
         }
         if dst_off >= ss && self.inline_at_zero(dst)? {
             // An inline extent only ever starts a file that has nothing

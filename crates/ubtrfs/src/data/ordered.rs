@@ -483,15 +483,24 @@ impl Filesystem {
             return Ok(());
         }
         let geo = self.geometry();
-        for f in self.in_flight.finish(owner, wait)? {
+        // A failed background write leaves extents in the trees whose
+        // data is not on disk: the transaction is not whole.
+        let finished = self
+            .in_flight
+            .finish(owner, wait)
+            .map_err(crate::Error::after_change)?;
+        for f in finished {
             if let Some(b) = f.buffer {
                 self.delalloc().recycle(b);
             }
             if f.sums.is_empty() {
                 continue;
             }
-            self.modify_tree(w, CSUM_TREE_OBJECTID, |ed, root| {
-                csum_tree::insert(ed, root, f.logical, &f.sums, geo.sectorsize, geo.csum_size)
+            // Each extent's checksums are whole in themselves.
+            crate::transaction::abort::unit(|| {
+                self.modify_tree(w, CSUM_TREE_OBJECTID, |ed, root| {
+                    csum_tree::insert(ed, root, f.logical, &f.sums, geo.sectorsize, geo.csum_size)
+                })
             })?;
         }
         Ok(())
@@ -586,7 +595,7 @@ impl Filesystem {
         &self,
         kind: Option<(super::compression::Compression, Option<i32>)>,
     ) -> Result<()> {
-        let mut w = self.writer()?;
+        let mut w = self.lock_writer()?;
         w.compress = kind.filter(|(k, _)| *k != super::compression::Compression::None);
         self.delalloc().set_max_run(if w.compress.is_some() {
             super::write::COMPRESS_JOB
@@ -601,7 +610,7 @@ impl Filesystem {
     /// default, `compress`). Either way an extent that does not shrink
     /// by a sector is written plain.
     pub fn set_compress_force(&self, force: bool) -> Result<()> {
-        self.writer()?.compress_force = force;
+        self.lock_writer()?.compress_force = force;
         Ok(())
     }
 
@@ -609,19 +618,23 @@ impl Filesystem {
     /// tests of that path.
     #[doc(hidden)]
     pub fn set_lend_runs(&self, on: bool) -> Result<()> {
-        self.writer()?.lend_runs = on;
+        self.lock_writer()?.lend_runs = on;
         Ok(())
     }
 
     /// Choose how data checksums are computed.
     pub fn set_csum_mode(&self, mode: CsumMode) -> Result<()> {
-        self.writer()?.csum_mode = mode;
+        self.lock_writer()?.csum_mode = mode;
         Ok(())
     }
 
     /// Cost estimates, per-mode counts and `auto`'s state.
     pub fn csum_stats(&self) -> Result<CsumStats> {
-        Ok(self.writer()?.csum_stats)
+        let w = self
+            .writer
+            .as_ref()
+            .ok_or_else(|| crate::Error::ReadOnly("the filesystem was opened read-only".into()))?;
+        Ok(w.lock().unwrap_or_else(|e| e.into_inner()).csum_stats)
     }
 }
 

@@ -88,13 +88,15 @@ fn gaps<'a>(
 impl Filesystem {
     /// Set the size of regular file `id` to `new_size`, as `truncate(2)`.
     pub fn truncate(&self, id: InodeId, new_size: u64) -> Result<()> {
-        let item = self.inode_item(id)?;
-        let mut w = if new_size > item.size {
-            self.writer()?
-        } else {
-            self.writer_deleting()?
-        };
-        self.truncate_locked(&mut w, id, new_size, Timespec::now())
+        self.change("truncate", || {
+            let item = self.inode_item(id)?;
+            let mut w = if new_size > item.size {
+                self.writer()?
+            } else {
+                self.writer_deleting()?
+            };
+            self.truncate_locked(&mut w, id, new_size, Timespec::now())
+        })
     }
 
     /// [`Filesystem::truncate`] inside the caller's hold on the
@@ -124,6 +126,8 @@ impl Filesystem {
         let (mut removed, mut added) = (0u64, 0u64);
         if new_size < old {
             self.delalloc().discard_from(id, new_size.div_ceil(ss));
+            // Dirty data is gone: a failure from here on is half a truncate.
+            crate::transaction::abort::note_edit();
             removed += self.drop_range(w, id, new_size.div_ceil(ss) * ss, u64::MAX)?;
             if new_size > 0 && self.spans(id)?.iter().any(|s| s.kind == Kind::Inline) {
                 let (r, a) = self.shrink_inline(w, id, new_size)?;
@@ -151,39 +155,41 @@ impl Filesystem {
     /// ([`FALLOC_FL_KEEP_SIZE`], [`FALLOC_FL_PUNCH_HOLE`],
     /// [`FALLOC_FL_ZERO_RANGE`]; 0 allocates and may grow the file).
     pub fn fallocate(&self, id: InodeId, mode: u32, offset: u64, len: u64) -> Result<()> {
-        let known = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE;
-        if mode & !known != 0 {
-            return Err(Error::Unsupported(format!("fallocate mode {mode:#x}")));
-        }
-        let punch = mode & FALLOC_FL_PUNCH_HOLE != 0;
-        let zero = mode & FALLOC_FL_ZERO_RANGE != 0;
-        let keep = mode & FALLOC_FL_KEEP_SIZE != 0;
-        if punch && (zero || !keep) {
-            return Err(Error::Unsupported(
-                "punching a hole needs FALLOC_FL_KEEP_SIZE and nothing else".into(),
-            ));
-        }
-        if len == 0 {
-            return Err(Error::Invalid("fallocate of 0 bytes".into()));
-        }
-        let end = offset
-            .checked_add(len)
-            .filter(|&e| e <= i64::MAX as u64)
-            .ok_or_else(|| Error::Invalid("fallocate past the largest file size".into()))?;
-        let mut w = if punch {
-            self.writer_deleting()?
-        } else {
-            self.writer()?
-        };
-        self.regular_file(id)?;
-        // Work on the extents on disk: the file's dirty data goes there first.
-        self.writeback(&mut w, id)?;
-        let now = Timespec::now();
-        if punch {
-            self.punch_hole(&mut w, id, offset, end, now)
-        } else {
-            self.allocate(&mut w, id, offset, end, keep, zero, now)
-        }
+        self.change("fallocate", || {
+            let known = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE;
+            if mode & !known != 0 {
+                return Err(Error::Unsupported(format!("fallocate mode {mode:#x}")));
+            }
+            let punch = mode & FALLOC_FL_PUNCH_HOLE != 0;
+            let zero = mode & FALLOC_FL_ZERO_RANGE != 0;
+            let keep = mode & FALLOC_FL_KEEP_SIZE != 0;
+            if punch && (zero || !keep) {
+                return Err(Error::Unsupported(
+                    "punching a hole needs FALLOC_FL_KEEP_SIZE and nothing else".into(),
+                ));
+            }
+            if len == 0 {
+                return Err(Error::Invalid("fallocate of 0 bytes".into()));
+            }
+            let end = offset
+                .checked_add(len)
+                .filter(|&e| e <= i64::MAX as u64)
+                .ok_or_else(|| Error::Invalid("fallocate past the largest file size".into()))?;
+            let mut w = if punch {
+                self.writer_deleting()?
+            } else {
+                self.writer()?
+            };
+            self.regular_file(id)?;
+            // Work on the extents on disk: the file's dirty data goes there first.
+            self.writeback(&mut w, id)?;
+            let now = Timespec::now();
+            if punch {
+                self.punch_hole(&mut w, id, offset, end, now)
+            } else {
+                self.allocate(&mut w, id, offset, end, keep, zero, now)
+            }
+        })
     }
 
     /// The inode item of `id`, which must be a regular file.

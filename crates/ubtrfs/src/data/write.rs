@@ -73,107 +73,115 @@ impl Filesystem {
     }
 
     fn write_data(&self, id: InodeId, offset: u64, data: &[u8], touch: bool) -> Result<usize> {
-        if data.is_empty() {
-            return Ok(0);
-        }
-        let mut w = self.writer()?;
-        w.check_writable(id.subvol)?;
-        let inode = self.inode_item(id)?;
-        match FileKind::from_mode(inode.mode) {
-            Some(FileKind::File) => {}
-            Some(FileKind::Dir) => return Err(Error::IsDir(format!("inode {}", id.ino))),
-            _ => {
-                return Err(Error::Invalid(format!(
-                    "write to inode {} that is not a regular file",
-                    id.ino
-                )));
+        self.change("write", || {
+            if data.is_empty() {
+                return Ok(0);
             }
-        }
-        let end = offset
-            .checked_add(data.len() as u64)
-            .filter(|&e| e <= i64::MAX as u64)
-            .ok_or_else(|| Error::Invalid("write past the largest file size".into()))?;
-        if inode.flags & INODE_NODATACOW != 0 {
-            // Writeback overwrites these sectors in place: a damaged
-            // extent there fails this write, not the commit.
-            self.check_nocow_write(id, offset, data.len() as u64)?;
-        }
-        if offset > inode.size {
-            // The old last sector may hold stale bytes past the end (the
-            // kernel leaves them when it shrinks a file): zero them first.
-            self.reserve_dirty_space(&mut w, self.geometry().sectorsize as u64)?;
-            self.zero_tail(&mut w, id, inode.size, true)?;
-        }
-        let new_size = inode.size.max(end);
-        let ss = self.geometry().sectorsize as u64;
-        let first = offset / ss;
-        let last = (end - 1) / ss;
-        // A file outgrowing its inline extent moves it to sector 0 of its data.
-        let uninline = (new_size > MAX_INLINE || new_size >= ss) && self.has_inline(id)?;
-        let new_sectors = {
-            let d = self.delalloc();
-            (first..=last)
-                .filter(|&i| d.sector(id, i).is_none())
-                .count() as u64
-                + u64::from(uninline && first > 0 && d.sector(id, 0).is_none())
-        };
-        self.reserve_dirty_space(&mut w, new_sectors * ss)?;
-        // What writing it back will take of metadata: a small file's data
-        // itself (an inline extent), else an extent item and checksums.
-        let metadata = if new_size <= MAX_INLINE {
-            data.len() as u64 + DELALLOC_ITEM_METADATA
-        } else {
-            new_sectors * 4 + DELALLOC_ITEM_METADATA
-        };
-        self.reserve_delalloc_metadata(&mut w, metadata)?;
-        // Sectors the write covers in part keep their other bytes (dirty
-        // ones, or from disk): read first, so a failed read (a damaged
-        // extent) leaves nothing of the write behind.
-        let (full_lo, full_hi) = (offset.div_ceil(ss), end / ss);
-        let span = ((last - first + 1) * ss) as usize;
-        if span <= SMALL_WRITE && !(uninline && first > 0) {
-            // A small write (a small file's whole data, often) goes in as
-            // one buffer, its partial sectors filled in: one allocation,
-            // not one per partial sector and one more for the rest.
-            let mut buf = vec![0u8; span];
-            let edges: &[u64] = if first == last {
-                &[first]
-            } else {
-                &[first, last]
-            };
-            for &idx in edges {
-                if (full_lo..full_hi).contains(&idx) {
-                    continue;
+            let mut w = self.writer()?;
+            w.check_writable(id.subvol)?;
+            let inode = self.inode_item(id)?;
+            match FileKind::from_mode(inode.mode) {
+                Some(FileKind::File) => {}
+                Some(FileKind::Dir) => return Err(Error::IsDir(format!("inode {}", id.ino))),
+                _ => {
+                    return Err(Error::Invalid(format!(
+                        "write to inode {} that is not a regular file",
+                        id.ino
+                    )));
                 }
-                let at = ((idx - first) * ss) as usize;
-                self.old_sector_into(id, idx, inode.size, &mut buf[at..at + ss as usize])?;
             }
-            let at = (offset - first * ss) as usize;
-            buf[at..at + data.len()].copy_from_slice(data);
-            self.delalloc().put_run(id, first, buf, ss);
-        } else {
-            self.put_large(id, offset, data, &inode, uninline, ss)?;
-        }
-        let now = Timespec::now();
-        self.change_inode(&mut w, id, |i| {
-            i.size = new_size;
-            if touch {
-                i.mtime = now;
-                i.ctime = now;
+            let end = offset
+                .checked_add(data.len() as u64)
+                .filter(|&e| e <= i64::MAX as u64)
+                .ok_or_else(|| Error::Invalid("write past the largest file size".into()))?;
+            if inode.flags & INODE_NODATACOW != 0 {
+                // Writeback overwrites these sectors in place: a damaged
+                // extent there fails this write, not the commit.
+                self.check_nocow_write(id, offset, data.len() as u64)?;
             }
-        })?;
-        // Data that compression jobs hold is on its way already; finished
-        // ones become extents (their memory is freed) without waiting for
-        // the next writeback.
-        let mut held = self.compress_jobs.held();
-        if held > 0 {
-            self.apply_compressed(&mut w, None, false)?;
-            held = self.compress_jobs.held();
-        }
-        if self.delalloc().bytes().saturating_sub(held) > DIRTY_LIMIT {
-            self.writeback_background(&mut w)?;
-        }
-        Ok(data.len())
+            if offset > inode.size {
+                // The old last sector may hold stale bytes past the end (the
+                // kernel leaves them when it shrinks a file): zero them first.
+                self.reserve_dirty_space(&mut w, self.geometry().sectorsize as u64)?;
+                self.zero_tail(&mut w, id, inode.size, true)?;
+            }
+            let new_size = inode.size.max(end);
+            let ss = self.geometry().sectorsize as u64;
+            let first = offset / ss;
+            let last = (end - 1) / ss;
+            // A file outgrowing its inline extent moves it to sector 0 of its data.
+            let uninline = (new_size > MAX_INLINE || new_size >= ss) && self.has_inline(id)?;
+            let new_sectors = {
+                let d = self.delalloc();
+                (first..=last)
+                    .filter(|&i| d.sector(id, i).is_none())
+                    .count() as u64
+                    + u64::from(uninline && first > 0 && d.sector(id, 0).is_none())
+            };
+            self.reserve_dirty_space(&mut w, new_sectors * ss)?;
+            // What writing it back will take of metadata: a small file's data
+            // itself (an inline extent), else an extent item and checksums.
+            let metadata = if new_size <= MAX_INLINE {
+                data.len() as u64 + DELALLOC_ITEM_METADATA
+            } else {
+                new_sectors * 4 + DELALLOC_ITEM_METADATA
+            };
+            self.reserve_delalloc_metadata(&mut w, metadata)?;
+            // Sectors the write covers in part keep their other bytes (dirty
+            // ones, or from disk): read first, so a failed read (a damaged
+            // extent) leaves nothing of the write behind.
+            let (full_lo, full_hi) = (offset.div_ceil(ss), end / ss);
+            let span = ((last - first + 1) * ss) as usize;
+            if span <= SMALL_WRITE && !(uninline && first > 0) {
+                // A small write (a small file's whole data, often) goes in as
+                // one buffer, its partial sectors filled in: one allocation,
+                // not one per partial sector and one more for the rest.
+                let mut buf = vec![0u8; span];
+                let edges: &[u64] = if first == last {
+                    &[first]
+                } else {
+                    &[first, last]
+                };
+                for &idx in edges {
+                    if (full_lo..full_hi).contains(&idx) {
+                        continue;
+                    }
+                    let at = ((idx - first) * ss) as usize;
+                    self.old_sector_into(id, idx, inode.size, &mut buf[at..at + ss as usize])?;
+                }
+                let at = (offset - first * ss) as usize;
+                buf[at..at + data.len()].copy_from_slice(data);
+                self.delalloc().put_run(id, first, buf, ss);
+            } else {
+                self.put_large(id, offset, data, &inode, uninline, ss)?;
+            }
+            // The data is in: from here on a failure leaves it past the
+            // size the inode says.
+            crate::transaction::abort::note_edit();
+            let now = Timespec::now();
+            self.change_inode(&mut w, id, |i| {
+                i.size = new_size;
+                if touch {
+                    i.mtime = now;
+                    i.ctime = now;
+                }
+            })?;
+            // The write itself is whole; handing dirty data on below may
+            // fail on its own.
+            crate::transaction::abort::op_whole();
+            // Data that compression jobs hold is on its way already; finished
+            // ones become extents (their memory is freed) without waiting for
+            // the next writeback.
+            let mut held = self.compress_jobs.held();
+            if held > 0 {
+                self.apply_compressed(&mut w, None, false)?;
+                held = self.compress_jobs.held();
+            }
+            if self.delalloc().bytes().saturating_sub(held) > DIRTY_LIMIT {
+                self.writeback_background(&mut w)?;
+            }
+            Ok(data.len())
+        })
     }
 
     /// The dirty sectors of a write longer than [`SMALL_WRITE`] (or one
@@ -310,7 +318,7 @@ impl Filesystem {
                 let max = d.max_run();
                 d.take_runs(id, ss, max)
             };
-            self.writeback_taken(w, id, &mut runs, true)?;
+            crate::transaction::abort::unit(|| self.writeback_taken(w, id, &mut runs, true))?;
         }
         // Runs left to grow at the ends of files are still too many: take
         // those too, but for their last partial 128 KiB.
@@ -430,13 +438,22 @@ impl Filesystem {
         owner: Option<InodeId>,
         wait: bool,
     ) -> Result<()> {
-        let ss = self.geometry().sectorsize as u64;
         for done in self.compress_jobs.take(owner, wait) {
+            // Each job's extent is whole in itself.
+            crate::transaction::abort::unit(|| self.apply_compressed_job(w, done))?;
+        }
+        Ok(())
+    }
+
+    /// [`Filesystem::apply_compressed`] of one finished job.
+    fn apply_compressed_job(&self, w: &mut Writer, done: super::compress_jobs::Done) -> Result<()> {
+        let ss = self.geometry().sectorsize as u64;
+        {
             let len = done.input.len() as u64;
             // A failed compression leaves the bytes dirty: the next
             // writeback compresses them again and reports what fails.
             let Ok(c) = done.out else {
-                continue;
+                return Ok(());
             };
             let id = done.id;
             {
@@ -444,7 +461,7 @@ impl Filesystem {
                 if !d.matches(id, done.offset, &done.input) {
                     drop(d);
                     self.recycle_job_input(done.input);
-                    continue;
+                    return Ok(());
                 }
                 d.take_range(id, done.offset, len);
             }
@@ -582,14 +599,18 @@ impl Filesystem {
     /// written goes back. (The caller holds the write state, so no write
     /// comes in between; a reader running meanwhile may see the old data.)
     pub(crate) fn writeback(&self, w: &mut Writer, id: InodeId) -> Result<()> {
-        self.apply_compressed(w, Some(id), true)?;
-        let ss = self.geometry().sectorsize as u64;
-        let mut runs = {
-            let mut d = self.delalloc();
-            let max = d.max_run();
-            d.take_runs(id, ss, max)
-        };
-        self.writeback_taken(w, id, &mut runs, false)
+        // A file written back is whole in itself: a commit that stops
+        // at the next one for want of space leaves nothing half done.
+        crate::transaction::abort::unit(|| {
+            self.apply_compressed(w, Some(id), true)?;
+            let ss = self.geometry().sectorsize as u64;
+            let mut runs = {
+                let mut d = self.delalloc();
+                let max = d.max_run();
+                d.take_runs(id, ss, max)
+            };
+            self.writeback_taken(w, id, &mut runs, false)
+        })
     }
 
     /// Write back `runs`, taken out of the dirty set of `id`; what was not

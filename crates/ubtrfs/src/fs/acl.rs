@@ -258,22 +258,24 @@ impl Filesystem {
         new: NewInode,
         umask: u32,
     ) -> Result<Stat> {
-        let default = self.get_xattr(dir, ACL_DEFAULT)?;
-        let got = inherit(default.as_deref(), new.mode, umask)?;
-        let mut w = self.writer()?;
-        let new = NewInode {
-            mode: got.mode,
-            ..new
-        };
-        let id = self.create_locked(&mut w, dir, name, new)?;
-        // No ctime change: these xattrs are part of the new inode.
-        for (xname, value) in [(ACL_DEFAULT, &got.default), (ACL_ACCESS, &got.access)] {
-            if let Some(v) = value {
-                self.put_xattr(&mut w, id, xname, v, 0)?;
+        self.change("create", || {
+            let default = self.get_xattr(dir, ACL_DEFAULT)?;
+            let got = inherit(default.as_deref(), new.mode, umask)?;
+            let mut w = self.writer()?;
+            let new = NewInode {
+                mode: got.mode,
+                ..new
+            };
+            let id = self.create_locked(&mut w, dir, name, new)?;
+            // No ctime change: these xattrs are part of the new inode.
+            for (xname, value) in [(ACL_DEFAULT, &got.default), (ACL_ACCESS, &got.access)] {
+                if let Some(v) = value {
+                    self.put_xattr(&mut w, id, xname, v, 0)?;
+                }
             }
-        }
-        drop(w);
-        self.stat(id)
+            drop(w);
+            self.stat(id)
+        })
     }
 
     /// Set an ACL xattr (from [`Filesystem::set_xattr`]): checked, stored

@@ -53,70 +53,72 @@ impl Filesystem {
     /// through [`Filesystem::truncate`] and sets mtime and ctime unless
     /// they are given.
     pub fn setattr(&self, id: InodeId, attr: SetAttr) -> Result<Stat> {
-        if id.is_placeholder() {
-            return Err(Error::ReadOnly(
-                "placeholder of an unreachable subvolume".into(),
-            ));
-        }
-        let now = Timespec::now();
-        let item = self.inode_item(id)?;
-        let resize = attr.size.filter(|&s| s != item.size);
-        if attr.size.is_some() {
-            match FileKind::from_mode(item.mode) {
-                Some(FileKind::File) => {}
-                Some(FileKind::Dir) => return Err(Error::IsDir(format!("inode {}", id.ino))),
-                _ => {
-                    return Err(Error::Invalid(format!(
-                        "size of inode {}, which is not a regular file",
-                        id.ino
-                    )));
+        self.change("setattr", || {
+            if id.is_placeholder() {
+                return Err(Error::ReadOnly(
+                    "placeholder of an unreachable subvolume".into(),
+                ));
+            }
+            let now = Timespec::now();
+            let item = self.inode_item(id)?;
+            let resize = attr.size.filter(|&s| s != item.size);
+            if attr.size.is_some() {
+                match FileKind::from_mode(item.mode) {
+                    Some(FileKind::File) => {}
+                    Some(FileKind::Dir) => return Err(Error::IsDir(format!("inode {}", id.ino))),
+                    _ => {
+                        return Err(Error::Invalid(format!(
+                            "size of inode {}, which is not a regular file",
+                            id.ino
+                        )));
+                    }
                 }
             }
-        }
-        let others = attr.mode.is_some()
-            || attr.uid.is_some()
-            || attr.gid.is_some()
-            || attr.atime.is_some()
-            || attr.mtime.is_some()
-            || attr.ctime.is_some();
-        if resize.is_none() && !others {
-            return Stat::from_item(id, &item).ok_or_else(|| {
-                Error::corrupt(format!("inode {} has mode {:#o}", id.ino, item.mode))
-            });
-        }
-        // Growing may need space; everything else may use the reserve.
-        let mut w = match resize {
-            Some(s) if s > item.size => self.writer()?,
-            _ => self.writer_deleting()?,
-        };
-        if let Some(size) = resize {
-            self.truncate_locked(&mut w, id, size, now)?;
-        }
-        if others {
-            self.change_inode(&mut w, id, |i| {
+            let others = attr.mode.is_some()
+                || attr.uid.is_some()
+                || attr.gid.is_some()
+                || attr.atime.is_some()
+                || attr.mtime.is_some()
+                || attr.ctime.is_some();
+            if resize.is_none() && !others {
+                return Stat::from_item(id, &item).ok_or_else(|| {
+                    Error::corrupt(format!("inode {} has mode {:#o}", id.ino, item.mode))
+                });
+            }
+            // Growing may need space; everything else may use the reserve.
+            let mut w = match resize {
+                Some(s) if s > item.size => self.writer()?,
+                _ => self.writer_deleting()?,
+            };
+            if let Some(size) = resize {
+                self.truncate_locked(&mut w, id, size, now)?;
+            }
+            if others {
+                self.change_inode(&mut w, id, |i| {
+                    if let Some(m) = attr.mode {
+                        i.mode = (i.mode & libc::S_IFMT) | (m & 0o7777);
+                    }
+                    if let Some(u) = attr.uid {
+                        i.uid = u;
+                    }
+                    if let Some(g) = attr.gid {
+                        i.gid = g;
+                    }
+                    if let Some(t) = attr.atime {
+                        i.atime = t;
+                    }
+                    if let Some(t) = attr.mtime {
+                        i.mtime = t;
+                    }
+                    i.ctime = attr.ctime.unwrap_or(now);
+                })?;
                 if let Some(m) = attr.mode {
-                    i.mode = (i.mode & libc::S_IFMT) | (m & 0o7777);
+                    self.chmod_acl(&mut w, id, m)?;
                 }
-                if let Some(u) = attr.uid {
-                    i.uid = u;
-                }
-                if let Some(g) = attr.gid {
-                    i.gid = g;
-                }
-                if let Some(t) = attr.atime {
-                    i.atime = t;
-                }
-                if let Some(t) = attr.mtime {
-                    i.mtime = t;
-                }
-                i.ctime = attr.ctime.unwrap_or(now);
-            })?;
-            if let Some(m) = attr.mode {
-                self.chmod_acl(&mut w, id, m)?;
             }
-        }
-        drop(w);
-        self.stat(id)
+            drop(w);
+            self.stat(id)
+        })
     }
 
     /// Largest name plus value of one xattr: what one item holds in a leaf.
@@ -129,6 +131,7 @@ impl Filesystem {
     /// step with the mode (see `acl.rs`); the flags do not apply to them,
     /// as in Linux.
     pub fn set_xattr(&self, id: InodeId, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
+        self.change("setxattr", || {
         if flags & !(XATTR_CREATE | XATTR_REPLACE) != 0 {
             return Err(Error::Invalid(format!("xattr flags {flags:#x}")));
         }
@@ -158,6 +161,7 @@ impl Filesystem {
         let now = Timespec::now();
         self.change_inode(&mut w, id, |i| i.ctime = now)?;
         Ok(())
+        })
     }
 
     /// Store xattr `name` of `id` (name and size checked by the caller),
@@ -222,15 +226,17 @@ impl Filesystem {
 
     /// Remove xattr `name` of `id`; [`Error::NotFound`] (ENODATA) if it has none.
     pub fn remove_xattr(&self, id: InodeId, name: &[u8]) -> Result<()> {
-        check_xattr_name(name)?;
-        let mut w = self.writer_deleting()?;
-        self.writable_inode(id)?;
-        if !self.delete_xattr(&mut w, id, name)? {
-            return Err(Error::NotFound(format!("xattr {}", show(name))));
-        }
-        let now = Timespec::now();
-        self.change_inode(&mut w, id, |i| i.ctime = now)?;
-        Ok(())
+        self.change("removexattr", || {
+            check_xattr_name(name)?;
+            let mut w = self.writer_deleting()?;
+            self.writable_inode(id)?;
+            if !self.delete_xattr(&mut w, id, name)? {
+                return Err(Error::NotFound(format!("xattr {}", show(name))));
+            }
+            let now = Timespec::now();
+            self.change_inode(&mut w, id, |i| i.ctime = now)?;
+            Ok(())
+        })
     }
 
     /// Remove xattr `name` of `id` if it has it (whether it had is

@@ -23,42 +23,44 @@ impl Filesystem {
     /// switched on a directory (new files inherit it) or an empty file, and
     /// brings no-checksum with it, as in the kernel.
     pub fn set_flags(&self, id: InodeId, flags: u64) -> Result<u64> {
-        if flags & !SETTABLE_FLAGS != 0 {
-            return Err(Error::Unsupported(format!(
-                "inode flags {:#x}",
-                flags & !SETTABLE_FLAGS
-            )));
-        }
-        if id.is_placeholder() {
-            return Err(Error::ReadOnly(
-                "placeholder of an unreachable subvolume".into(),
-            ));
-        }
-        let mut w = self.writer()?;
-        let st = self.stat(id)?;
-        let old = st.flags;
-        let mut new = (old & !SETTABLE_FLAGS) | flags;
-        if (old ^ new) & INODE_NODATACOW != 0 {
-            let empty = st.size == 0 && !self.delalloc().has(id);
-            if st.kind == FileKind::File && !empty {
-                return Err(Error::Invalid(
-                    "no-COW can only change on an empty file".into(),
+        self.change("setting inode flags", || {
+            if flags & !SETTABLE_FLAGS != 0 {
+                return Err(Error::Unsupported(format!(
+                    "inode flags {:#x}",
+                    flags & !SETTABLE_FLAGS
+                )));
+            }
+            if id.is_placeholder() {
+                return Err(Error::ReadOnly(
+                    "placeholder of an unreachable subvolume".into(),
                 ));
             }
-            if new & INODE_NODATACOW != 0 {
-                new |= INODE_NODATASUM;
-            } else {
-                new &= !INODE_NODATASUM;
+            let mut w = self.writer()?;
+            let st = self.stat(id)?;
+            let old = st.flags;
+            let mut new = (old & !SETTABLE_FLAGS) | flags;
+            if (old ^ new) & INODE_NODATACOW != 0 {
+                let empty = st.size == 0 && !self.delalloc().has(id);
+                if st.kind == FileKind::File && !empty {
+                    return Err(Error::Invalid(
+                        "no-COW can only change on an empty file".into(),
+                    ));
+                }
+                if new & INODE_NODATACOW != 0 {
+                    new |= INODE_NODATASUM;
+                } else {
+                    new &= !INODE_NODATASUM;
+                }
             }
-        }
-        if new & INODE_COMPRESS != 0 && new & INODE_NOCOMPRESS != 0 {
-            return Err(Error::Invalid("compress and nocompress together".into()));
-        }
-        let now = crate::format::items::Timespec::now();
-        let item = self.change_inode(&mut w, id, |i| {
-            i.flags = new;
-            i.ctime = now;
-        })?;
-        Ok(item.flags)
+            if new & INODE_COMPRESS != 0 && new & INODE_NOCOMPRESS != 0 {
+                return Err(Error::Invalid("compress and nocompress together".into()));
+            }
+            let now = crate::format::items::Timespec::now();
+            let item = self.change_inode(&mut w, id, |i| {
+                i.flags = new;
+                i.ctime = now;
+            })?;
+            Ok(item.flags)
+        })
     }
 }

@@ -51,6 +51,7 @@ impl Filesystem {
         uid: u32,
         gid: u32,
     ) -> Result<Stat> {
+        self.change("symlink", || {
         check_name(name)?;
         if target.is_empty() {
             return Err(Error::NotFound("empty symlink target".into()));
@@ -94,54 +95,57 @@ impl Filesystem {
         })?;
         drop(w);
         self.stat(id)
+        })
     }
 
     /// Give inode `inode` the additional name `new_name` in `new_dir` (a
     /// hard link). Directories cannot be linked.
     pub fn link(&self, inode: InodeId, new_dir: InodeId, new_name: &[u8]) -> Result<Stat> {
-        check_name(new_name)?;
-        let mut w = self.writer()?;
-        self.writable_dir(new_dir)?;
-        // The checks come in the order Linux makes them.
-        if self.lookup(new_dir, new_name).is_ok() {
-            return Err(Error::Exists(show(new_name)));
-        }
-        let item = self.inode_item(inode)?;
-        let kind = FileKind::from_mode(item.mode).ok_or_else(|| {
-            Error::corrupt(format!("inode {} has mode {:#o}", inode.ino, item.mode))
-        })?;
-        if inode.subvol != new_dir.subvol {
-            return Err(Error::CrossDevice(format!(
-                "hard link from subvolume {} into subvolume {}",
-                inode.subvol, new_dir.subvol
-            )));
-        }
-        if kind == FileKind::Dir {
-            return Err(Error::NotPermitted(format!(
-                "hard link to directory {}",
-                inode.ino
-            )));
-        }
-        if item.nlink == 0 {
-            return Err(Error::NotFound(format!(
-                "inode {} has no name left to link to",
-                inode.ino
-            )));
-        }
-        if item.nlink >= LINK_MAX {
-            return Err(Error::TooManyLinks(format!(
-                "inode {} already has {} names",
-                inode.ino, item.nlink
-            )));
-        }
-        let now = Timespec::now();
-        self.add_name(&mut w, new_dir, new_name, inode, kind, now)?;
-        self.change_inode(&mut w, inode, |i| {
-            i.nlink += 1;
-            i.ctime = now;
-        })?;
-        drop(w);
-        self.stat(inode)
+        self.change("link", || {
+            check_name(new_name)?;
+            let mut w = self.writer()?;
+            self.writable_dir(new_dir)?;
+            // The checks come in the order Linux makes them.
+            if self.lookup(new_dir, new_name).is_ok() {
+                return Err(Error::Exists(show(new_name)));
+            }
+            let item = self.inode_item(inode)?;
+            let kind = FileKind::from_mode(item.mode).ok_or_else(|| {
+                Error::corrupt(format!("inode {} has mode {:#o}", inode.ino, item.mode))
+            })?;
+            if inode.subvol != new_dir.subvol {
+                return Err(Error::CrossDevice(format!(
+                    "hard link from subvolume {} into subvolume {}",
+                    inode.subvol, new_dir.subvol
+                )));
+            }
+            if kind == FileKind::Dir {
+                return Err(Error::NotPermitted(format!(
+                    "hard link to directory {}",
+                    inode.ino
+                )));
+            }
+            if item.nlink == 0 {
+                return Err(Error::NotFound(format!(
+                    "inode {} has no name left to link to",
+                    inode.ino
+                )));
+            }
+            if item.nlink >= LINK_MAX {
+                return Err(Error::TooManyLinks(format!(
+                    "inode {} already has {} names",
+                    inode.ino, item.nlink
+                )));
+            }
+            let now = Timespec::now();
+            self.add_name(&mut w, new_dir, new_name, inode, kind, now)?;
+            self.change_inode(&mut w, inode, |i| {
+                i.nlink += 1;
+                i.ctime = now;
+            })?;
+            drop(w);
+            self.stat(inode)
+        })
     }
 
     /// Whether `dir` is `anc` or below it (same subvolume only).
@@ -194,14 +198,17 @@ impl Filesystem {
         flags: u32,
         hold: impl FnOnce(FileKind) -> bool,
     ) -> Result<Option<InodeId>> {
-        let mut held = None;
-        let r = self.rename_locked(old_dir, old_name, new_dir, new_name, flags, hold, &mut held);
-        if let (Err(_), Some(id)) = (&r, held) {
-            // The caller gets the error and holds nothing (an orphan left
-            // behind goes at the next mount).
-            let _ = self.release_inode(id);
-        }
-        r.map(|()| held)
+        self.change("rename", || {
+            let mut held = None;
+            let r =
+                self.rename_locked(old_dir, old_name, new_dir, new_name, flags, hold, &mut held);
+            if let (Err(_), Some(id)) = (&r, held) {
+                // The caller gets the error and holds nothing (an orphan left
+                // behind goes at the next mount).
+                let _ = self.release_inode(id);
+            }
+            r.map(|()| held)
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -291,10 +298,21 @@ impl Filesystem {
             return Ok(());
         }
         let now = Timespec::now();
+        // Each name removed from a directory frees its bytes in the
+        // inode's ref item for it.
+        let freed = |name: &[u8]| {
+            if old_dir == new_dir {
+                10 + name.len()
+            } else {
+                0
+            }
+        };
         if exchange {
             let Some(dst) = dst else {
                 return Err(Error::NotFound(show(new_name)));
             };
+            self.needs_extref(new_dir, new_name, src.id, freed(old_name))?;
+            self.needs_extref(old_dir, old_name, dst.id, freed(new_name))?;
             self.remove_name(&mut w, old_dir, old_name, &src, now)?;
             self.remove_name(&mut w, new_dir, new_name, &dst, now)?;
             // The kernel numbers the new entry in `new_dir` first.
@@ -315,6 +333,7 @@ impl Filesystem {
                 _ => {}
             }
         }
+        self.needs_extref(new_dir, new_name, src.id, freed(old_name))?;
         if let Some(d) = dst {
             self.remove_name(&mut w, new_dir, new_name, &d, now)?;
             if placeholder(&d) {

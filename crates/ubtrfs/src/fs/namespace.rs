@@ -151,6 +151,34 @@ impl Filesystem {
         Ok(item)
     }
 
+    /// Whether the name `name` in `dir` for inode `target` must go into an
+    /// INODE_EXTREF item, its INODE_REF item for `dir` being full once
+    /// `freed` bytes of it went; EMLINK if it must and the filesystem has
+    /// no extended inode refs. An operation that removes names before it
+    /// adds one (rename) asks first, so it fails before changing anything.
+    pub(crate) fn needs_extref(
+        &self,
+        dir: InodeId,
+        name: &[u8],
+        target: InodeId,
+        freed: usize,
+    ) -> Result<bool> {
+        let ref_key = Key::new(target.ino, INODE_REF_KEY, dir.ino);
+        let ref_len = self
+            .fs_tree(target.subvol)?
+            .get(&ref_key)?
+            .map_or(0, |it| it.data().len());
+        let max_item = self.geometry().nodesize as usize - HEADER_SIZE - ITEM_SIZE;
+        let use_extref = ref_len.saturating_sub(freed) + 10 + name.len() > max_item;
+        if use_extref && self.superblock().incompat_flags & INCOMPAT_EXTENDED_IREF == 0 {
+            return Err(Error::TooManyLinks(format!(
+                "inode {} has no room for another name in directory {} (no extended inode refs)",
+                target.ino, dir.ino
+            )));
+        }
+        Ok(use_extref)
+    }
+
     /// Add the name `name` in `dir` for inode `target` of `kind`. The
     /// name goes into the inode's INODE_REF item for `dir`, or, when that
     /// item would outgrow a leaf, into an INODE_EXTREF item (with the
@@ -166,18 +194,7 @@ impl Filesystem {
     ) -> Result<()> {
         let transid = w.blocks.transid;
         let ref_key = Key::new(target.ino, INODE_REF_KEY, dir.ino);
-        let ref_len = self
-            .fs_tree(target.subvol)?
-            .get(&ref_key)?
-            .map_or(0, |it| it.data().len());
-        let max_item = self.geometry().nodesize as usize - HEADER_SIZE - ITEM_SIZE;
-        let use_extref = ref_len + 10 + name.len() > max_item;
-        if use_extref && self.superblock().incompat_flags & INCOMPAT_EXTENDED_IREF == 0 {
-            return Err(Error::TooManyLinks(format!(
-                "inode {} has no room for another name in directory {} (no extended inode refs)",
-                target.ino, dir.ino
-            )));
-        }
+        let use_extref = self.needs_extref(dir, name, target, 0)?;
         let index = self.next_index(w, dir)?;
         let entry = DirItem {
             location: Key::new(target.ino, INODE_ITEM_KEY, 0),
@@ -380,10 +397,12 @@ impl Filesystem {
 
     /// Create an inode of any kind but directory-with-contents under `dir`.
     pub fn create(&self, dir: InodeId, name: &[u8], new: NewInode) -> Result<Stat> {
-        check_name(name)?;
-        let mut w = self.writer()?;
-        let id = self.create_locked(&mut w, dir, name, new)?;
-        self.stat(id)
+        self.change("create", || {
+            check_name(name)?;
+            let mut w = self.writer()?;
+            let id = self.create_locked(&mut w, dir, name, new)?;
+            self.stat(id)
+        })
     }
 
     /// [`Filesystem::create`] inside the caller's hold on the transaction.
@@ -469,27 +488,29 @@ impl Filesystem {
         name: &[u8],
         hold: impl FnOnce(FileKind) -> bool,
     ) -> Result<Option<InodeId>> {
-        let mut w = self.writer_deleting()?;
-        self.writable_dir(dir)?;
-        let entry = self.find_name(dir, name)?;
-        if entry.kind == FileKind::Dir {
-            return Err(Error::IsDir(String::from_utf8_lossy(name).into_owned()));
-        }
-        let now = Timespec::now();
-        let target = self.remove_name(&mut w, dir, name, &entry, now)?;
-        let last = self.inode_item(target)?.nlink <= 1;
-        let held = (last && hold(entry.kind)).then(|| {
-            self.hold_inode(target);
-            target
-        });
-        let r = self.drop_unlinked(&mut w, target, last, now);
-        drop(w);
-        if let (Err(_), Some(id)) = (&r, held) {
-            // The caller gets the error and holds nothing: let go as it
-            // would have (an orphan left behind goes at the next mount).
-            let _ = self.release_inode(id);
-        }
-        r.map(|()| held)
+        self.change("unlink", || {
+            let mut w = self.writer_deleting()?;
+            self.writable_dir(dir)?;
+            let entry = self.find_name(dir, name)?;
+            if entry.kind == FileKind::Dir {
+                return Err(Error::IsDir(String::from_utf8_lossy(name).into_owned()));
+            }
+            let now = Timespec::now();
+            let target = self.remove_name(&mut w, dir, name, &entry, now)?;
+            let last = self.inode_item(target)?.nlink <= 1;
+            let held = (last && hold(entry.kind)).then(|| {
+                self.hold_inode(target);
+                target
+            });
+            let r = self.drop_unlinked(&mut w, target, last, now);
+            drop(w);
+            if let (Err(_), Some(id)) = (&r, held) {
+                // The caller gets the error and holds nothing: let go as it
+                // would have (an orphan left behind goes at the next mount).
+                let _ = self.release_inode(id);
+            }
+            r.map(|()| held)
+        })
     }
 
     /// The inode `target` lost a name (its `last`, or not).
@@ -517,26 +538,28 @@ impl Filesystem {
 
     /// Remove an empty directory.
     pub fn rmdir(&self, dir: InodeId, name: &[u8]) -> Result<()> {
-        let mut w = self.writer_deleting()?;
-        self.writable_dir(dir)?;
-        let entry = self.find_name(dir, name)?;
-        if entry.kind != FileKind::Dir {
-            return Err(Error::NotDir(String::from_utf8_lossy(name).into_owned()));
-        }
-        if entry.id.subvol != dir.subvol {
-            // An empty subvolume goes with rmdir, as the kernel allows.
-            drop(w);
-            return self.delete_subvolume(dir, name, true);
-        }
-        if !self.read_dir_up_to(entry.id, 0, 1)?.is_empty() {
-            return Err(Error::NotEmpty(String::from_utf8_lossy(name).into_owned()));
-        }
-        let now = Timespec::now();
-        let target = self.remove_name(&mut w, dir, name, &entry, now)?;
-        if target.is_placeholder() {
-            return Ok(());
-        }
-        self.delete_inode(&mut w, target)
+        self.change("rmdir", || {
+            let mut w = self.writer_deleting()?;
+            self.writable_dir(dir)?;
+            let entry = self.find_name(dir, name)?;
+            if entry.kind != FileKind::Dir {
+                return Err(Error::NotDir(String::from_utf8_lossy(name).into_owned()));
+            }
+            if entry.id.subvol != dir.subvol {
+                // An empty subvolume goes with rmdir, as the kernel allows.
+                drop(w);
+                return self.delete_subvolume(dir, name, true);
+            }
+            if !self.read_dir_up_to(entry.id, 0, 1)?.is_empty() {
+                return Err(Error::NotEmpty(String::from_utf8_lossy(name).into_owned()));
+            }
+            let now = Timespec::now();
+            let target = self.remove_name(&mut w, dir, name, &entry, now)?;
+            if target.is_placeholder() {
+                return Ok(());
+            }
+            self.delete_inode(&mut w, target)
+        })
     }
 
     /// An inode lost its last name. If someone still has it open, it lives
@@ -609,20 +632,22 @@ impl Filesystem {
     /// deleted while in use, the whole tree goes instead, once unused
     /// ([`Filesystem::drop_deleted_subvolume`]).
     pub fn delete_closed_orphan(&self, id: InodeId) -> Result<()> {
-        if self.writer.is_none() || self.open_count(id) > 0 {
-            return Ok(());
-        }
-        if self.open_inodes().deleted_in_use.contains(&id.subvol) {
-            return self.drop_deleted_subvolume(id.subvol);
-        }
-        self.open_inodes().orphaned.remove(&id);
-        if !self.has_orphan_item(id)? {
-            return Ok(());
-        }
-        let key = Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, id.ino);
-        let mut w = self.writer_deleting()?;
-        self.modify_tree(&mut w, id.subvol, |ed, root| ed.delete(root, key))?;
-        self.delete_inode_now(&mut w, id)
+        self.change("deleting an orphan", || {
+            if self.writer.is_none() || self.open_count(id) > 0 {
+                return Ok(());
+            }
+            if self.open_inodes().deleted_in_use.contains(&id.subvol) {
+                return self.drop_deleted_subvolume(id.subvol);
+            }
+            self.open_inodes().orphaned.remove(&id);
+            if !self.has_orphan_item(id)? {
+                return Ok(());
+            }
+            let key = Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, id.ino);
+            let mut w = self.writer_deleting()?;
+            self.modify_tree(&mut w, id.subvol, |ed, root| ed.delete(root, key))?;
+            self.delete_inode_now(&mut w, id)
+        })
     }
 
     /// Delete the orphans a crash left in subvolume `subvol`.

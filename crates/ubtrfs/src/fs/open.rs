@@ -77,6 +77,12 @@ pub struct Filesystem {
     pub(crate) log_durable: std::sync::Mutex<Option<crate::tree::RootPtr>>,
     /// See [`Filesystem::set_before_long_work`].
     pub(crate) before_long_work: std::sync::OnceLock<fn()>,
+    /// Why changes stopped, once one failed half-way (see
+    /// [`Filesystem::aborted`]).
+    pub(crate) aborted: std::sync::OnceLock<String>,
+    /// Held by a changing operation from its start until it is judged
+    /// whole or half done (see [`Filesystem::aborted`]).
+    pub(crate) change_gate: std::sync::Mutex<()>,
 }
 
 impl Filesystem {
@@ -170,6 +176,8 @@ impl Filesystem {
             committed: std::sync::atomic::AtomicU64::new(on_disk),
             log_durable: std::sync::Mutex::new(None),
             before_long_work: std::sync::OnceLock::new(),
+            aborted: std::sync::OnceLock::new(),
+            change_gate: std::sync::Mutex::new(()),
         };
         fs.default_subvol = fs.find_default_subvol()?;
         Ok(fs)

@@ -40,73 +40,75 @@ impl Filesystem {
         uid: u32,
         gid: u32,
     ) -> Result<InodeId> {
-        let mut w = self.writer()?;
-        self.check_new_link(&w, dir, name)?;
-        let transid = w.blocks.transid;
-        let id = self.next_subvol_id()?;
-        let now = Timespec::now();
-        let inode = InodeItem {
-            generation: transid,
-            transid,
-            nlink: 1,
-            uid,
-            gid,
-            mode: libc::S_IFDIR | 0o755,
-            sequence: 1,
-            atime: now,
-            ctime: now,
-            mtime: now,
-            otime: now,
-            ..Default::default()
-        };
-        let mut dotdot = Vec::new();
-        InodeRef {
-            parent: FIRST_INODE,
-            index: 0,
-            name: b"..".to_vec(),
-        }
-        .encode_ref(&mut dotdot);
-        let items = vec![
-            (Key::new(FIRST_INODE, INODE_ITEM_KEY, 0), inode.to_bytes()),
-            (Key::new(FIRST_INODE, INODE_REF_KEY, FIRST_INODE), dotdot),
-        ];
-        let uuid = crate::mkfs::random_uuid()?;
-        let chunk_uuid = w.chunk_tree_uuid();
-        let root =
-            TreeEditor::new(self.tree_reader(), &mut w.blocks, id, chunk_uuid).new_tree(items)?;
-        self.set_root(id, root);
-        // The root item's own inode is the kernel's placeholder directory.
-        let placeholder = InodeItem {
-            generation: 1,
-            size: 3,
-            nbytes: self.geometry().nodesize as u64,
-            nlink: 1,
-            mode: libc::S_IFDIR | 0o755,
-            flags: INODE_ROOT_ITEM_INIT,
-            ..Default::default()
-        };
-        let mut item = vec![0u8; ROOT_ITEM_SIZE];
-        item[..InodeItem::SIZE].copy_from_slice(&placeholder.to_bytes());
-        put64(&mut item, 160, transid); // generation
-        put64(&mut item, 168, FIRST_INODE); // root_dirid
-        put64(&mut item, 176, root.bytenr);
-        put64(&mut item, 192, self.geometry().nodesize as u64); // bytes_used
-        item[216..220].copy_from_slice(&1u32.to_le_bytes()); // refs
-        item[238] = 0; // level
-        put64(&mut item, 239, transid); // generation_v2
-        item[247..263].copy_from_slice(&uuid);
-        put64(&mut item, 295, transid); // ctransid
-        put64(&mut item, 303, transid); // otransid
-        put_time(&mut item, 327, now); // ctime
-        put_time(&mut item, 339, now); // otime
-        self.modify_tree(&mut w, ROOT_TREE_OBJECTID, |ed, r| {
-            ed.insert(r, Key::new(id, ROOT_ITEM_KEY, 0), item)
-        })?;
-        w.blocks.last_snapshot.insert(id, 0);
-        self.link_subvol(&mut w, dir, name, id, 0, &uuid, now)?;
-        Ok(InodeId {
-            subvol: id,
-            ino: FIRST_INODE,
+        self.change("subvolume create", || {
+            let mut w = self.writer()?;
+            self.check_new_link(&w, dir, name)?;
+            let transid = w.blocks.transid;
+            let id = self.next_subvol_id()?;
+            let now = Timespec::now();
+            let inode = InodeItem {
+                generation: transid,
+                transid,
+                nlink: 1,
+                uid,
+                gid,
+                mode: libc::S_IFDIR | 0o755,
+                sequence: 1,
+                atime: now,
+                ctime: now,
+                mtime: now,
+                otime: now,
+                ..Default::default()
+            };
+            let mut dotdot = Vec::new();
+            InodeRef {
+                parent: FIRST_INODE,
+                index: 0,
+                name: b"..".to_vec(),
+            }
+            .encode_ref(&mut dotdot);
+            let items = vec![
+                (Key::new(FIRST_INODE, INODE_ITEM_KEY, 0), inode.to_bytes()),
+                (Key::new(FIRST_INODE, INODE_REF_KEY, FIRST_INODE), dotdot),
+            ];
+            let uuid = crate::mkfs::random_uuid()?;
+            let chunk_uuid = w.chunk_tree_uuid();
+            let root = TreeEditor::new(self.tree_reader(), &mut w.blocks, id, chunk_uuid)
+                .new_tree(items)?;
+            self.set_root(id, root);
+            // The root item's own inode is the kernel's placeholder directory.
+            let placeholder = InodeItem {
+                generation: 1,
+                size: 3,
+                nbytes: self.geometry().nodesize as u64,
+                nlink: 1,
+                mode: libc::S_IFDIR | 0o755,
+                flags: INODE_ROOT_ITEM_INIT,
+                ..Default::default()
+            };
+            let mut item = vec![0u8; ROOT_ITEM_SIZE];
+            item[..InodeItem::SIZE].copy_from_slice(&placeholder.to_bytes());
+            put64(&mut item, 160, transid); // generation
+            put64(&mut item, 168, FIRST_INODE); // root_dirid
+            put64(&mut item, 176, root.bytenr);
+            put64(&mut item, 192, self.geometry().nodesize as u64); // bytes_used
+            item[216..220].copy_from_slice(&1u32.to_le_bytes()); // refs
+            item[238] = 0; // level
+            put64(&mut item, 239, transid); // generation_v2
+            item[247..263].copy_from_slice(&uuid);
+            put64(&mut item, 295, transid); // ctransid
+            put64(&mut item, 303, transid); // otransid
+            put_time(&mut item, 327, now); // ctime
+            put_time(&mut item, 339, now); // otime
+            self.modify_tree(&mut w, ROOT_TREE_OBJECTID, |ed, r| {
+                ed.insert(r, Key::new(id, ROOT_ITEM_KEY, 0), item)
+            })?;
+            w.blocks.last_snapshot.insert(id, 0);
+            self.link_subvol(&mut w, dir, name, id, 0, &uuid, now)?;
+            Ok(InodeId {
+                subvol: id,
+                ino: FIRST_INODE,
+            })
         })
     }
 
@@ -120,103 +122,109 @@ impl Filesystem {
         name: &[u8],
         readonly: bool,
     ) -> Result<InodeId> {
-        if !is_subvol_tree(source) {
-            return Err(Error::Invalid(format!("tree {source} is not a subvolume")));
-        }
-        let mut w = self.writer()?;
-        self.check_new_link(&w, dir, name)?;
-        let (_, src_item) = self
-            .find_root(source)?
-            .ok_or_else(|| Error::NotFound(format!("subvolume {source}")))?;
-        self.check_not_deleted(source)?;
-        // The source's blocks on disk, none left for this transaction to
-        // rewrite in place once they are shared.
-        // A failure from here on, a commit's too, may leave the
-        // transaction half changed (Error::AfterChange), as a failed
-        // commit anywhere does.
-        let done = (|| -> Result<InodeId> {
-            self.commit_locked(&mut w)?;
-            let transid = w.blocks.transid;
-            let id = self.next_subvol_id()?;
-            let was_readonly = w.blocks.readonly.remove(&source);
-            let copied = self.modify_tree(&mut w, source, |ed, root| {
-                ed.cow_root(root)?;
-                Ok(*root)
-            });
-            if was_readonly {
-                w.blocks.readonly.insert(source);
+        self.change("snapshot", || {
+            if !is_subvol_tree(source) {
+                return Err(Error::Invalid(format!("tree {source} is not a subvolume")));
             }
-            // Copying the source's root changes no content: the kernel keeps
-            // its ctransid.
-            w.keep_ctransid.insert(source);
-            let src_root = copied?;
-            let chunk_uuid = w.chunk_tree_uuid();
-            let root = TreeEditor::new(self.tree_reader(), &mut w.blocks, id, chunk_uuid)
-                .copy_root(src_root)?;
-            self.set_root(id, root);
-            // The source's root item, with its last snapshot now.
-            let key = self
-                .root_tree()
-                .get_le(&Key::new(source, ROOT_ITEM_KEY, u64::MAX))?
-                .map(|it| it.key())
-                .ok_or_else(|| Error::corrupt(format!("subvolume {source} has no root item")))?;
-            let mut src_raw = self
-                .root_tree()
-                .get(&key)?
-                .map(|it| it.data().to_vec())
-                .ok_or_else(|| Error::corrupt(format!("subvolume {source} has no root item")))?;
-            if src_raw.len() < ROOT_ITEM_SIZE {
-                // An old, short root item: extend it to the current layout.
-                src_raw.resize(ROOT_ITEM_SIZE, 0);
-                put64(&mut src_raw, 239, src_item.generation);
-            }
-            put64(&mut src_raw, 200, transid); // last_snapshot
-            let src_new = src_raw.clone();
-            self.modify_tree(&mut w, ROOT_TREE_OBJECTID, |ed, r| ed.put(r, key, src_new))?;
-            let uuid = crate::mkfs::random_uuid()?;
-            let now = Timespec::now();
-            let mut item = src_raw;
-            put64(&mut item, 160, transid); // generation
-            put64(&mut item, 176, root.bytenr);
-            item[216..220].copy_from_slice(&1u32.to_le_bytes()); // refs
-            item[220..238].fill(0); // drop_progress, drop_level
-            item[238] = root.level;
-            put64(&mut item, 239, transid); // generation_v2
-            item[247..263].copy_from_slice(&uuid);
-            item[263..279].copy_from_slice(&src_item.uuid); // parent_uuid
-            put64(&mut item, 303, transid); // otransid
-            put_time(&mut item, 339, now); // otime
-            let mut flags = src_item.flags & !ROOT_SUBVOL_RDONLY;
-            if readonly {
-                flags |= ROOT_SUBVOL_RDONLY;
-            } else {
-                // Only a read-only snapshot keeps what `receive` recorded.
-                item[279..295].fill(0); // received_uuid
-                put64(&mut item, 311, 0); // stransid
-                put64(&mut item, 319, 0); // rtransid
-                item[351..375].fill(0); // stime, rtime
-            }
-            put64(&mut item, 208, flags);
-            let received: [u8; 16] = item[279..295].try_into().unwrap_or_default();
-            self.modify_tree(&mut w, ROOT_TREE_OBJECTID, |ed, r| {
-                ed.insert(r, Key::new(id, ROOT_ITEM_KEY, transid), item)
-            })?;
-            w.blocks.last_snapshot.insert(source, transid);
-            w.blocks.last_snapshot.insert(id, transid);
-            self.link_subvol(&mut w, dir, name, id, u64::MAX, &uuid, now)?;
-            if received != [0; 16] {
-                self.add_uuid(&mut w, &received, UUID_KEY_RECEIVED_SUBVOL, id)?;
-            }
-            if readonly {
-                w.blocks.readonly.insert(id);
-            }
-            self.commit_locked(&mut w)?;
-            Ok(InodeId {
-                subvol: id,
-                ino: FIRST_INODE,
-            })
-        })();
-        done.map_err(Error::after_change)
+            let mut w = self.writer()?;
+            self.check_new_link(&w, dir, name)?;
+            let (_, src_item) = self
+                .find_root(source)?
+                .ok_or_else(|| Error::NotFound(format!("subvolume {source}")))?;
+            self.check_not_deleted(source)?;
+            // The source's blocks on disk, none left for this transaction to
+            // rewrite in place once they are shared.
+            // A failure from here on, a commit's too, may leave the
+            // transaction half changed (Error::AfterChange), as a failed
+            // commit anywhere does.
+            let done = (|| -> Result<InodeId> {
+                self.commit_locked(&mut w)?;
+                let transid = w.blocks.transid;
+                let id = self.next_subvol_id()?;
+                let was_readonly = w.blocks.readonly.remove(&source);
+                let copied = self.modify_tree(&mut w, source, |ed, root| {
+                    ed.cow_root(root)?;
+                    Ok(*root)
+                });
+                if was_readonly {
+                    w.blocks.readonly.insert(source);
+                }
+                // Copying the source's root changes no content: the kernel keeps
+                // its ctransid.
+                w.keep_ctransid.insert(source);
+                let src_root = copied?;
+                let chunk_uuid = w.chunk_tree_uuid();
+                let root = TreeEditor::new(self.tree_reader(), &mut w.blocks, id, chunk_uuid)
+                    .copy_root(src_root)?;
+                self.set_root(id, root);
+                // The source's root item, with its last snapshot now.
+                let key = self
+                    .root_tree()
+                    .get_le(&Key::new(source, ROOT_ITEM_KEY, u64::MAX))?
+                    .map(|it| it.key())
+                    .ok_or_else(|| {
+                        Error::corrupt(format!("subvolume {source} has no root item"))
+                    })?;
+                let mut src_raw = self
+                    .root_tree()
+                    .get(&key)?
+                    .map(|it| it.data().to_vec())
+                    .ok_or_else(|| {
+                        Error::corrupt(format!("subvolume {source} has no root item"))
+                    })?;
+                if src_raw.len() < ROOT_ITEM_SIZE {
+                    // An old, short root item: extend it to the current layout.
+                    src_raw.resize(ROOT_ITEM_SIZE, 0);
+                    put64(&mut src_raw, 239, src_item.generation);
+                }
+                put64(&mut src_raw, 200, transid); // last_snapshot
+                let src_new = src_raw.clone();
+                self.modify_tree(&mut w, ROOT_TREE_OBJECTID, |ed, r| ed.put(r, key, src_new))?;
+                let uuid = crate::mkfs::random_uuid()?;
+                let now = Timespec::now();
+                let mut item = src_raw;
+                put64(&mut item, 160, transid); // generation
+                put64(&mut item, 176, root.bytenr);
+                item[216..220].copy_from_slice(&1u32.to_le_bytes()); // refs
+                item[220..238].fill(0); // drop_progress, drop_level
+                item[238] = root.level;
+                put64(&mut item, 239, transid); // generation_v2
+                item[247..263].copy_from_slice(&uuid);
+                item[263..279].copy_from_slice(&src_item.uuid); // parent_uuid
+                put64(&mut item, 303, transid); // otransid
+                put_time(&mut item, 339, now); // otime
+                let mut flags = src_item.flags & !ROOT_SUBVOL_RDONLY;
+                if readonly {
+                    flags |= ROOT_SUBVOL_RDONLY;
+                } else {
+                    // Only a read-only snapshot keeps what `receive` recorded.
+                    item[279..295].fill(0); // received_uuid
+                    put64(&mut item, 311, 0); // stransid
+                    put64(&mut item, 319, 0); // rtransid
+                    item[351..375].fill(0); // stime, rtime
+                }
+                put64(&mut item, 208, flags);
+                let received: [u8; 16] = item[279..295].try_into().unwrap_or_default();
+                self.modify_tree(&mut w, ROOT_TREE_OBJECTID, |ed, r| {
+                    ed.insert(r, Key::new(id, ROOT_ITEM_KEY, transid), item)
+                })?;
+                w.blocks.last_snapshot.insert(source, transid);
+                w.blocks.last_snapshot.insert(id, transid);
+                self.link_subvol(&mut w, dir, name, id, u64::MAX, &uuid, now)?;
+                if received != [0; 16] {
+                    self.add_uuid(&mut w, &received, UUID_KEY_RECEIVED_SUBVOL, id)?;
+                }
+                if readonly {
+                    w.blocks.readonly.insert(id);
+                }
+                self.commit_locked(&mut w)?;
+                Ok(InodeId {
+                    subvol: id,
+                    ino: FIRST_INODE,
+                })
+            })();
+            done.map_err(Error::after_change)
+        })
     }
 
     /// Checks before a new subvolume link `name` goes into `dir`.

@@ -150,48 +150,50 @@ impl Filesystem {
     /// ro`), and commit. What was written to it before goes to disk
     /// first, while it may still be written.
     pub fn set_subvolume_readonly(&self, subvol: u64, readonly: bool) -> Result<()> {
-        if !crate::transaction::is_subvol_tree(subvol) {
-            return Err(Error::Invalid(format!("tree {subvol} is not a subvolume")));
-        }
-        let mut w = self.writer()?;
-        self.check_not_deleted(subvol)?;
-        if self.subvolume_readonly(subvol)? == readonly {
-            return Ok(());
-        }
-        // The kernel lets files open for writing go on writing; here their
-        // writes still to come would be refused, and lost.
-        if readonly && self.open_inodes().users.keys().any(|i| i.subvol == subvol) {
-            return Err(Error::Busy(format!(
-                "files in subvolume {subvol} are open: close them first"
-            )));
-        }
-        // A failure from here on, a commit's too, may leave the
-        // transaction half changed (Error::AfterChange), as a failed
-        // commit anywhere does.
-        let done = (|| -> Result<()> {
-            self.commit_locked(&mut w)?;
-            let (key, mut data) = self.root_item_bytes(subvol)?;
-            let field = data.get_mut(208..216).ok_or_else(|| {
-                Error::corrupt(format!("subvolume {subvol} has a short root item"))
-            })?;
-            let mut flags = u64::from_le_bytes(field.try_into().unwrap_or_default());
-            if readonly {
-                flags |= ROOT_SUBVOL_RDONLY;
-            } else {
-                flags &= !ROOT_SUBVOL_RDONLY;
+        self.change("setting a subvolume read-only", || {
+            if !crate::transaction::is_subvol_tree(subvol) {
+                return Err(Error::Invalid(format!("tree {subvol} is not a subvolume")));
             }
-            field.copy_from_slice(&flags.to_le_bytes());
-            self.modify_tree(&mut w, ROOT_TREE_OBJECTID, |ed, root| {
-                ed.put(root, key, data)
-            })?;
-            if readonly {
-                w.blocks.readonly.insert(subvol);
-            } else {
-                w.blocks.readonly.remove(&subvol);
+            let mut w = self.writer()?;
+            self.check_not_deleted(subvol)?;
+            if self.subvolume_readonly(subvol)? == readonly {
+                return Ok(());
             }
-            self.commit_locked(&mut w)
-        })();
-        done.map_err(Error::after_change)
+            // The kernel lets files open for writing go on writing; here their
+            // writes still to come would be refused, and lost.
+            if readonly && self.open_inodes().users.keys().any(|i| i.subvol == subvol) {
+                return Err(Error::Busy(format!(
+                    "files in subvolume {subvol} are open: close them first"
+                )));
+            }
+            // A failure from here on, a commit's too, may leave the
+            // transaction half changed (Error::AfterChange), as a failed
+            // commit anywhere does.
+            let done = (|| -> Result<()> {
+                self.commit_locked(&mut w)?;
+                let (key, mut data) = self.root_item_bytes(subvol)?;
+                let field = data.get_mut(208..216).ok_or_else(|| {
+                    Error::corrupt(format!("subvolume {subvol} has a short root item"))
+                })?;
+                let mut flags = u64::from_le_bytes(field.try_into().unwrap_or_default());
+                if readonly {
+                    flags |= ROOT_SUBVOL_RDONLY;
+                } else {
+                    flags &= !ROOT_SUBVOL_RDONLY;
+                }
+                field.copy_from_slice(&flags.to_le_bytes());
+                self.modify_tree(&mut w, ROOT_TREE_OBJECTID, |ed, root| {
+                    ed.put(root, key, data)
+                })?;
+                if readonly {
+                    w.blocks.readonly.insert(subvol);
+                } else {
+                    w.blocks.readonly.remove(&subvol);
+                }
+                self.commit_locked(&mut w)
+            })();
+            done.map_err(Error::after_change)
+        })
     }
 }
 

@@ -31,84 +31,86 @@ impl Filesystem {
     /// subvolumes, a name that is not a subvolume, and, if `only_empty`
     /// (the `rmdir` rule), a subvolume whose root directory has entries.
     pub fn delete_subvolume(&self, dir: InodeId, name: &[u8], only_empty: bool) -> Result<()> {
-        let mut w = self.writer_deleting()?;
-        self.long_work_ahead();
-        self.writable_dir(dir)?;
-        w.check_writable(dir.subvol)?;
-        let entry = self.find_name(dir, name)?;
-        let shown = || String::from_utf8_lossy(name).into_owned();
-        if entry.kind != FileKind::Dir {
-            return Err(Error::NotDir(shown()));
-        }
-        let id = entry.id.subvol;
-        if id == dir.subvol || entry.id.ino != FIRST_INODE {
-            return Err(Error::Invalid(format!("{} is not a subvolume", shown())));
-        }
-        if !is_subvol_tree(id) || id == FS_TREE_OBJECTID {
-            return Err(Error::NotPermitted(format!(
-                "subvolume {id} cannot be deleted"
-            )));
-        }
-        if id == self.default_subvol || id == self.find_default_subvol()? {
-            return Err(Error::NotPermitted(format!(
-                "{} is the default subvolume ({id})",
-                shown()
-            )));
-        }
-        if self.root_ptr(QUOTA_TREE_OBJECTID)?.is_some() {
-            return Err(Error::Unsupported(
-                "deleting subvolumes with quotas enabled".into(),
-            ));
-        }
-        let nested = self
-            .root_tree()
-            .items_of(id, ROOT_REF_KEY)?
-            .next()
-            .transpose()?;
-        if let Some(n) = nested {
-            return Err(Error::NotEmpty(format!(
-                "{} holds subvolume {}",
-                shown(),
-                n.key().offset
-            )));
-        }
-        if only_empty && !self.read_dir_up_to(entry.id, 0, 1)?.is_empty() {
-            return Err(Error::NotEmpty(shown()));
-        }
-        let (_, item) = self
-            .find_root(id)?
-            .ok_or_else(|| Error::NotFound(format!("subvolume {id}")))?;
-        // The subvolume's blocks on disk: the drop then meets no block this
-        // transaction made, and delayed data of its files is written.
-        // A failure from here on, a commit's too, may leave the
-        // transaction half changed (Error::AfterChange), as a failed
-        // commit anywhere does.
-        let done = (|| -> Result<()> {
-            self.commit_locked(&mut w)?;
-            let now = Timespec::now();
-            self.unlink_subvol(&mut w, dir, name, id, now)?;
-            self.remove_uuid(&mut w, &item.uuid, UUID_KEY_SUBVOL, id)?;
-            if item.received_uuid != [0; 16] {
-                self.remove_uuid(&mut w, &item.received_uuid, UUID_KEY_RECEIVED_SUBVOL, id)?;
+        self.change("subvolume delete", || {
+            let mut w = self.writer_deleting()?;
+            self.long_work_ahead();
+            self.writable_dir(dir)?;
+            w.check_writable(dir.subvol)?;
+            let entry = self.find_name(dir, name)?;
+            let shown = || String::from_utf8_lossy(name).into_owned();
+            if entry.kind != FileKind::Dir {
+                return Err(Error::NotDir(shown()));
             }
-            let in_use = {
-                // Decided and marked at once: a last use ending in between
-                // either came first (the tree goes now) or sees the mark.
-                let mut open = self.open_inodes();
-                let in_use = open.subvol_in_use(id);
-                if in_use {
-                    open.deleted_in_use.insert(id);
+            let id = entry.id.subvol;
+            if id == dir.subvol || entry.id.ino != FIRST_INODE {
+                return Err(Error::Invalid(format!("{} is not a subvolume", shown())));
+            }
+            if !is_subvol_tree(id) || id == FS_TREE_OBJECTID {
+                return Err(Error::NotPermitted(format!(
+                    "subvolume {id} cannot be deleted"
+                )));
+            }
+            if id == self.default_subvol || id == self.find_default_subvol()? {
+                return Err(Error::NotPermitted(format!(
+                    "{} is the default subvolume ({id})",
+                    shown()
+                )));
+            }
+            if self.root_ptr(QUOTA_TREE_OBJECTID)?.is_some() {
+                return Err(Error::Unsupported(
+                    "deleting subvolumes with quotas enabled".into(),
+                ));
+            }
+            let nested = self
+                .root_tree()
+                .items_of(id, ROOT_REF_KEY)?
+                .next()
+                .transpose()?;
+            if let Some(n) = nested {
+                return Err(Error::NotEmpty(format!(
+                    "{} holds subvolume {}",
+                    shown(),
+                    n.key().offset
+                )));
+            }
+            if only_empty && !self.read_dir_up_to(entry.id, 0, 1)?.is_empty() {
+                return Err(Error::NotEmpty(shown()));
+            }
+            let (_, item) = self
+                .find_root(id)?
+                .ok_or_else(|| Error::NotFound(format!("subvolume {id}")))?;
+            // The subvolume's blocks on disk: the drop then meets no block this
+            // transaction made, and delayed data of its files is written.
+            // A failure from here on, a commit's too, may leave the
+            // transaction half changed (Error::AfterChange), as a failed
+            // commit anywhere does.
+            let done = (|| -> Result<()> {
+                self.commit_locked(&mut w)?;
+                let now = Timespec::now();
+                self.unlink_subvol(&mut w, dir, name, id, now)?;
+                self.remove_uuid(&mut w, &item.uuid, UUID_KEY_SUBVOL, id)?;
+                if item.received_uuid != [0; 16] {
+                    self.remove_uuid(&mut w, &item.received_uuid, UUID_KEY_RECEIVED_SUBVOL, id)?;
                 }
-                in_use
-            };
-            if in_use {
-                self.mark_dead(&mut w, id)?;
-            } else {
-                self.drop_subvol_tree(&mut w, id, None)?;
-            }
-            self.commit_locked(&mut w)
-        })();
-        done.map_err(Error::after_change)
+                let in_use = {
+                    // Decided and marked at once: a last use ending in between
+                    // either came first (the tree goes now) or sees the mark.
+                    let mut open = self.open_inodes();
+                    let in_use = open.subvol_in_use(id);
+                    if in_use {
+                        open.deleted_in_use.insert(id);
+                    }
+                    in_use
+                };
+                if in_use {
+                    self.mark_dead(&mut w, id)?;
+                } else {
+                    self.drop_subvol_tree(&mut w, id, None)?;
+                }
+                self.commit_locked(&mut w)
+            })();
+            done.map_err(Error::after_change)
+        })
     }
 
     /// Someone uses `n` more of subvolume `subvol` (a FUSE mount: the
@@ -136,35 +138,37 @@ impl Filesystem {
     /// Drop the tree of `subvol`, deleted while in use, if nothing uses it
     /// any more, and commit.
     pub fn drop_deleted_subvolume(&self, subvol: u64) -> Result<()> {
-        let mut w = self.writer_deleting()?;
-        {
-            let mut open = self.open_inodes();
-            if !open.deleted_and_unused(subvol) {
+        self.change("dropping a deleted subvolume", || {
+            let mut w = self.writer_deleting()?;
+            {
+                let mut open = self.open_inodes();
+                if !open.deleted_and_unused(subvol) {
+                    return Ok(());
+                }
+                open.deleted_in_use.remove(&subvol);
+                // Its orphans go with the tree.
+                open.orphaned.retain(|i| i.subvol != subvol);
+            }
+            let dead = self.find_root(subvol)?.is_some_and(|(_, r)| r.refs == 0);
+            if !dead {
                 return Ok(());
             }
-            open.deleted_in_use.remove(&subvol);
-            // Its orphans go with the tree.
-            open.orphaned.retain(|i| i.subvol != subvol);
-        }
-        let dead = self.find_root(subvol)?.is_some_and(|(_, r)| r.refs == 0);
-        if !dead {
-            return Ok(());
-        }
-        self.long_work_ahead();
-        // Its files' delayed data written and its blocks on disk: the
-        // drop then meets no block this transaction made.
-        // A failure from here on, a commit's too, may leave the
-        // transaction half changed (Error::AfterChange), as a failed
-        // commit anywhere does.
-        let done = (|| -> Result<()> {
-            self.commit_locked(&mut w)?;
-            self.drop_subvol_tree(&mut w, subvol, None)?;
-            self.modify_tree(&mut w, ROOT_TREE_OBJECTID, |ed, root| {
-                ed.delete(root, Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, subvol))
-            })?;
-            self.commit_locked(&mut w)
-        })();
-        done.map_err(Error::after_change)
+            self.long_work_ahead();
+            // Its files' delayed data written and its blocks on disk: the
+            // drop then meets no block this transaction made.
+            // A failure from here on, a commit's too, may leave the
+            // transaction half changed (Error::AfterChange), as a failed
+            // commit anywhere does.
+            let done = (|| -> Result<()> {
+                self.commit_locked(&mut w)?;
+                self.drop_subvol_tree(&mut w, subvol, None)?;
+                self.modify_tree(&mut w, ROOT_TREE_OBJECTID, |ed, root| {
+                    ed.delete(root, Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, subvol))
+                })?;
+                self.commit_locked(&mut w)
+            })();
+            done.map_err(Error::after_change)
+        })
     }
 
     /// Every hold on subvolumes ends (a FUSE session is over, whatever

@@ -281,6 +281,10 @@ pub trait BlockSource {
     fn share_root(&mut self, _owner: u64, _node: &Node) -> Result<()> {
         Ok(())
     }
+    /// A leaf's items changed (the transaction's trees count such edits
+    /// to tell a failed operation that changed nothing from one that
+    /// stopped half-way).
+    fn edited(&mut self) {}
 }
 
 /// How a block that a tree copies (or drops) is shared.
@@ -502,6 +506,7 @@ impl<'a> TreeEditor<'a> {
             if !leaf.changed {
                 return Ok((None, r));
             }
+            self.blocks.edited();
             if let Some(block) = leaf.block {
                 if block.nritems() == 0 && !is_root {
                     self.free(&node)?;

@@ -155,49 +155,58 @@ impl Filesystem {
         // A missing inode is the caller's error, not something to commit for.
         self.stat(id)?;
         let turn = self.log_sync.lock().unwrap_or_else(|e| e.into_inner());
-        let mut w = self.lock_writer()?;
-        let pending = |state, turn| Ok(self.pending_sync(state, turn));
-        if !w.is_dirty() && !self.delalloc().has(id) {
-            drop(w);
-            return pending(Pending::Done(Synced::Nothing), turn);
-        }
-        self.take_durable(&mut w)?;
-        let logged = self.writeback(&mut w, id).and_then(|()| {
-            // The log copies the file's checksums and needs its data on disk.
-            self.finish_in_flight(&mut w, Some(id), true)?;
-            if self.may_log(&mut w)? {
-                self.log_inode(&mut w, id)
-            } else {
-                Ok(None)
-            }
-        });
-        match logged {
-            Ok(Some(sync)) => {
-                // The log's own transaction (making room for it may have
-                // committed the one running before).
-                let transid = w.blocks.transid;
+        // Changes are let in after the turn: a pending fsync that holds
+        // the turn may commit.
+        self.change("fsync", move || {
+            let mut w = self.lock_writer()?;
+            let pending = |state, turn| Ok(self.pending_sync(state, turn));
+            if !w.is_dirty() && !self.delalloc().has(id) {
                 drop(w);
-                pending(Pending::Log { sync, transid }, turn)
+                return pending(Pending::Done(Synced::Nothing), turn);
             }
-            Err(e) if w.log_self_check => Err(e),
-            // Whatever stopped the log, the commit drops it and makes
-            // everything durable; its own failure is the one to report.
-            Ok(None) | Err(_) => {
-                self.commit_locked(&mut w)?;
-                drop(w);
-                pending(Pending::Done(Synced::Committed), turn)
+            self.take_durable(&mut w)?;
+            let logged = self.writeback(&mut w, id).and_then(|()| {
+                // The log copies the file's checksums and needs its data on disk.
+                self.finish_in_flight(&mut w, Some(id), true)?;
+                if self.may_log(&mut w)? {
+                    self.log_inode(&mut w, id)
+                } else {
+                    Ok(None)
+                }
+            });
+            match logged {
+                Ok(Some(sync)) => {
+                    // The log's own transaction (making room for it may have
+                    // committed the one running before).
+                    let transid = w.blocks.transid;
+                    drop(w);
+                    pending(Pending::Log { sync, transid }, turn)
+                }
+                Err(e) if w.log_self_check => Err(e),
+                // The file's writeback stopped half-way: nothing may commit
+                // that (the operation aborts).
+                Err(e) if !crate::transaction::abort::is_whole() => Err(e),
+                // Whatever stopped the log, the commit drops it and makes
+                // everything durable; its own failure is the one to report.
+                Ok(None) | Err(_) => {
+                    self.commit_locked(&mut w)?;
+                    drop(w);
+                    pending(Pending::Done(Synced::Committed), turn)
+                }
             }
-        }
+        })
     }
 
     /// The part of an fsync that changes the trees readers see: write
     /// inode `id`'s dirty data back and make room for the log. Then
     /// [`Filesystem::fsync_log`] may run beside readers.
     pub fn fsync_prepare(&self, id: InodeId) -> Result<()> {
-        let mut w = self.lock_writer()?;
-        self.writeback(&mut w, id)?;
-        self.finish_in_flight(&mut w, Some(id), true)?;
-        self.reserve_metadata(&mut w, false)
+        self.change("fsync", || {
+            let mut w = self.lock_writer()?;
+            self.writeback(&mut w, id)?;
+            self.finish_in_flight(&mut w, Some(id), true)?;
+            self.reserve_metadata(&mut w, false)
+        })
     }
 
     /// [`Filesystem::fsync_start`] for a file [`Filesystem::fsync_prepare`]
@@ -210,32 +219,34 @@ impl Filesystem {
         let _ = datasync;
         self.stat(id)?;
         let turn = self.log_sync.lock().unwrap_or_else(|e| e.into_inner());
-        let mut w = self.lock_writer()?;
-        let started = |state, turn| Ok(LogOnly::Started(self.pending_sync(state, turn)));
-        let has_data = self.delalloc().has(id) || self.in_flight.has(id);
-        if !w.is_dirty() && !has_data {
-            drop(w);
-            return started(Pending::Done(Synced::Nothing), turn);
-        }
-        let room = w.blocks.alloc.free_bytes(crate::alloc::SpaceKind::Metadata)
-            >= 2 * self.metadata_reserve();
-        if has_data || !room {
-            return Ok(LogOnly::NeedsWriteback);
-        }
-        self.take_durable(&mut w)?;
-        match self.log_inode(&mut w, id) {
-            Ok(Some(sync)) => {
-                let transid = w.blocks.transid;
+        self.change("fsync", move || {
+            let mut w = self.lock_writer()?;
+            let started = |state, turn| Ok(LogOnly::Started(self.pending_sync(state, turn)));
+            let has_data = self.delalloc().has(id) || self.in_flight.has(id);
+            if !w.is_dirty() && !has_data {
                 drop(w);
-                started(Pending::Log { sync, transid }, turn)
+                return started(Pending::Done(Synced::Nothing), turn);
             }
-            Err(e) if w.log_self_check => Err(e),
-            // The log may be half changed: only a commit may drop it.
-            Ok(None) | Err(_) => {
-                w.log_broken = true;
-                Ok(LogOnly::NeedsCommit)
+            let room = w.blocks.alloc.free_bytes(crate::alloc::SpaceKind::Metadata)
+                >= 2 * self.metadata_reserve();
+            if has_data || !room {
+                return Ok(LogOnly::NeedsWriteback);
             }
-        }
+            self.take_durable(&mut w)?;
+            match self.log_inode(&mut w, id) {
+                Ok(Some(sync)) => {
+                    let transid = w.blocks.transid;
+                    drop(w);
+                    started(Pending::Log { sync, transid }, turn)
+                }
+                Err(e) if w.log_self_check => Err(e),
+                // The log may be half changed: only a commit may drop it.
+                Ok(None) | Err(_) => {
+                    w.log_broken = true;
+                    Ok(LogOnly::NeedsCommit)
+                }
+            }
+        })
     }
 
     fn pending_sync<'a>(

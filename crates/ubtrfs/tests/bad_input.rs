@@ -793,6 +793,61 @@ fn absurd_inode_size_is_an_error_not_a_crash() {
         assert!(fs.read(id, 0, 30_000).unwrap() == want);
         assert_eq!(fs.read(id, size - 10, 100).unwrap(), vec![0u8; 10]);
     }
+    // Past the largest size Linux can give a file: damage, named as such,
+    // for reading and for changing alike (no arithmetic overflows on it).
+    set_inode_size(&img, &pristine, leaf.logical, id.ino, u64::MAX);
+    drop(pristine);
+    let fs = Filesystem::open_read_write(&[&img]).unwrap();
+    let refused = [
+        ("stat", fs.stat(id).map(drop)),
+        ("truncate", fs.truncate(id, 0)),
+        ("write", fs.write(id, 0, b"x").map(drop)),
+        (
+            "punch",
+            fs.fallocate(
+                id,
+                ubtrfs::data::FALLOC_FL_PUNCH_HOLE | ubtrfs::data::FALLOC_FL_KEEP_SIZE,
+                0,
+                4096,
+            ),
+        ),
+    ];
+    for (op, r) in refused {
+        let e = r.expect_err(op);
+        assert!(
+            e.to_string().contains("past the largest file size"),
+            "{op}: {e}"
+        );
+    }
+    // Refused before anything changed: the rest of the filesystem goes on.
+    assert_eq!(fs.aborted(), None);
+    fs.commit().unwrap();
+}
+
+/// A superblock whose generation is the largest there is (checksum
+/// right): nothing could be newer, and the open says so.
+#[test]
+fn superblock_generation_at_its_end_is_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let (img, _) = single_image(dir.path(), "single", "single", 128 * MIB);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&img)
+        .unwrap();
+    for at in [0x1_0000u64, 0x400_0000] {
+        let mut b = vec![0u8; 4096];
+        f.read_exact_at(&mut b, at).unwrap();
+        b[0x48..0x50].copy_from_slice(&u64::MAX.to_le_bytes());
+        let sum = crc32c::crc32c(&b[32..]);
+        b[..4].copy_from_slice(&sum.to_le_bytes());
+        f.write_all_at(&b, at).unwrap();
+    }
+    let e = open_err(&[&img]);
+    assert!(
+        e.to_string().contains("generation 18446744073709551615"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -362,7 +362,10 @@ impl RefEditor<'_, '_> {
                 r.describe()
             ))
         };
-        let refs = item.refs as i64 + d;
+        let refs = i64::try_from(item.refs)
+            .ok()
+            .and_then(|r| r.checked_add(d))
+            .ok_or_else(|| bad("reference count out of range"))?;
         if refs < 0 {
             return Err(bad("reference count would go below zero"));
         }

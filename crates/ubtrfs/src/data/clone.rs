@@ -207,7 +207,7 @@ impl Filesystem {
         let size = self.inode_item(dst)?.size.max(dst_off + len);
         self.change_inode(w, dst, |i| {
             i.size = size;
-            i.nbytes = i.nbytes.saturating_sub(removed) + added;
+            i.nbytes = i.nbytes.saturating_sub(removed).saturating_add(added);
             i.mtime = now;
             i.ctime = now;
         })?;

@@ -77,7 +77,7 @@ fn gaps<'a>(
         if s.start > cursor {
             gaps.push((cursor, s.start));
         }
-        cursor = cursor.max(s.end.div_ceil(ss) * ss);
+        cursor = cursor.max(s.end.div_ceil(ss).saturating_mul(ss));
     }
     if cursor < to {
         gaps.push((cursor, to));
@@ -143,7 +143,7 @@ impl Filesystem {
         self.cover_holes(w, id, new_size)?;
         self.change_inode(w, id, |i| {
             i.size = new_size;
-            i.nbytes = i.nbytes.saturating_sub(removed) + added;
+            i.nbytes = i.nbytes.saturating_sub(removed).saturating_add(added);
             i.mtime = now;
             i.ctime = now;
         })?;
@@ -371,7 +371,7 @@ impl Filesystem {
         self.cover_holes(w, id, new_size)?;
         self.change_inode(w, id, |i| {
             i.size = new_size;
-            i.nbytes = i.nbytes.saturating_sub(removed) + added;
+            i.nbytes = i.nbytes.saturating_sub(removed).saturating_add(added);
             if added > 0 {
                 i.flags |= INODE_PREALLOC;
             }

@@ -659,7 +659,7 @@ impl Filesystem {
             let removed = self.drop_range(w, id, 0, u64::MAX)?;
             self.insert_inline(w, id, content)?;
             self.change_inode(w, id, |i| {
-                i.nbytes = i.nbytes.saturating_sub(removed) + size
+                i.nbytes = i.nbytes.saturating_sub(removed).saturating_add(size)
             })?;
         } else {
             let nocow = inode.flags & INODE_NODATACOW != 0;
@@ -757,7 +757,7 @@ impl Filesystem {
                 done += plen as usize;
             }
             self.change_inode(w, id, |i| {
-                i.nbytes = i.nbytes.saturating_sub(removed) + added
+                i.nbytes = i.nbytes.saturating_sub(removed).saturating_add(added)
             })?;
             return Ok(());
         }
@@ -779,7 +779,7 @@ impl Filesystem {
             done += plen as usize;
         }
         self.change_inode(w, id, |i| {
-            i.nbytes = i.nbytes.saturating_sub(removed) + added
+            i.nbytes = i.nbytes.saturating_sub(removed).saturating_add(added)
         })?;
         Ok(())
     }
@@ -916,7 +916,7 @@ impl Filesystem {
             }
         }
         self.change_inode(w, id, |i| {
-            i.nbytes = i.nbytes.saturating_sub(removed) + added
+            i.nbytes = i.nbytes.saturating_sub(removed).saturating_add(added)
         })?;
         Ok(true)
     }

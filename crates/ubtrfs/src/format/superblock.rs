@@ -114,6 +114,11 @@ impl Superblock {
                 "superblock at {at} says it is at {bytenr}"
             )));
         }
+        let generation = le::u64(b, 0x48)?;
+        if generation >= u64::MAX - 1 {
+            // Nothing could come after it (blocks may be one newer).
+            return Err(Error::corrupt(format!("generation {generation}")));
+        }
         let sectorsize = le::u32(b, 0x90)?;
         let nodesize = le::u32(b, 0x94)?;
         if !(4096..=65536).contains(&sectorsize) || !sectorsize.is_power_of_two() {

@@ -89,7 +89,7 @@ impl Filesystem {
         let mut item = self.inode_item(id)?;
         f(&mut item);
         item.transid = w.blocks.transid;
-        item.sequence += 1;
+        item.sequence = item.sequence.wrapping_add(1);
         self.put_inode(w, id, &item)?;
         Ok(item)
     }
@@ -129,7 +129,8 @@ impl Filesystem {
             .map(|it| it.key())
             .filter(|k| k.objectid == dir.ino && k.item_type == DIR_INDEX_KEY)
             // Indexes 0 and 1 stand for "." and "..".
-            .map_or(2, |k| k.offset + 1)
+            .map_or(Some(2), |k| k.offset.checked_add(1))
+            .ok_or_else(|| Error::corrupt(format!("directory {} has index u64::MAX", dir.ino)))?
             .max(2);
         w.next_index.insert((dir.subvol, dir.ino), n);
         Ok(n)
@@ -244,7 +245,7 @@ impl Filesystem {
             })
         })?;
         self.change_inode(w, dir, |d| {
-            d.size += 2 * name.len() as u64;
+            d.size = d.size.saturating_add(2 * name.len() as u64);
             d.mtime = now;
             d.ctime = now;
         })?;
@@ -452,6 +453,9 @@ impl Filesystem {
             mtime: now,
             otime: now,
         };
+        // The directory's next index is looked up before anything changes:
+        // a damaged directory refuses the create whole.
+        self.index_counter(w, dir)?;
         self.put_inode(w, id, &item)?;
         self.add_name(w, dir, name, id, kind, now)?;
         Ok(id)
@@ -761,6 +765,43 @@ mod tests {
 
     fn long_work_seen() -> u32 {
         LONG_WORK.with(|c| c.get())
+    }
+
+    /// A directory whose last entry index is the largest there is: a
+    /// new entry would have none, and the create says the directory is
+    /// damaged (changing nothing).
+    #[test]
+    fn a_directory_index_at_its_end_is_corrupt() {
+        use crate::format::Key;
+        use crate::format::consts::DIR_INDEX_KEY;
+        let mut t = TestFs::new();
+        let root = t.fs().root();
+        file(&t, b"a");
+        let tree = t.fs().fs_tree(root.subvol).unwrap();
+        let entry = tree
+            .items_of(root.ino, DIR_INDEX_KEY)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .data()
+            .to_vec();
+        t.put(
+            root.subvol,
+            Key::new(root.ino, DIR_INDEX_KEY, u64::MAX),
+            entry,
+        );
+        t.reopen().unwrap();
+        let new = NewInode {
+            mode: libc::S_IFREG | 0o644,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+        };
+        let e = t.fs().create(root, b"b", new).unwrap_err();
+        assert!(matches!(e, Error::Corrupt(_)), "{e:?}");
+        assert!(e.to_string().contains("index u64::MAX"), "{e}");
+        assert!(t.fs().aborted().is_none());
     }
 
     #[test]

@@ -340,7 +340,16 @@ impl Filesystem {
             .ok_or_else(|| {
                 Error::NotFound(format!("inode {} in subvolume {}", id.ino, id.subvol))
             })?;
-        InodeItem::parse(item.data())
+        let inode = InodeItem::parse(item.data())?;
+        // Linux sizes files in a signed 64-bit offset; a size beyond it
+        // is damage, and would overflow the sector arithmetic.
+        if inode.size > i64::MAX as u64 {
+            return Err(Error::corrupt(format!(
+                "inode {} in subvolume {} has size {}, past the largest file size",
+                id.ino, id.subvol, inode.size
+            )));
+        }
+        Ok(inode)
     }
 
     /// Attributes of an inode.

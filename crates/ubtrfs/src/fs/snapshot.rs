@@ -307,7 +307,7 @@ impl Filesystem {
             ed.insert(root, Key::new(id, ROOT_BACKREF_KEY, dir.subvol), rr2)
         })?;
         self.change_inode(w, dir, |d| {
-            d.size += 2 * name.len() as u64;
+            d.size = d.size.saturating_add(2 * name.len() as u64);
             d.mtime = now;
             d.ctime = now;
         })?;

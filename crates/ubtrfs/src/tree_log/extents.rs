@@ -20,7 +20,7 @@ impl Replay<'_> {
         // Its checksums are gathered per sector of the extent below.
         fe.check_disk_extent(ss)?;
         let len = match &fe.body {
-            ExtentBody::Inline(_) => fe.ram_bytes.div_ceil(ss) * ss,
+            ExtentBody::Inline(_) => fe.ram_bytes.div_ceil(ss).saturating_mul(ss),
             ExtentBody::Regular { num_bytes, .. } => *num_bytes,
         };
         let end = at.checked_add(len).ok_or_else(|| {

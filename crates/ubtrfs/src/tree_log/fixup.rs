@@ -81,7 +81,7 @@ impl Replay<'_> {
         let mut n = 0;
         for it in self.tree()?.items_of(ino, EXTENT_DATA_KEY)? {
             let fe = FileExtentItem::parse(it?.data())?;
-            n += match fe.body {
+            let bytes = match fe.body {
                 ExtentBody::Inline(_) => fe.ram_bytes,
                 ExtentBody::Regular {
                     disk_bytenr,
@@ -90,6 +90,11 @@ impl Replay<'_> {
                 } if disk_bytenr != 0 => num_bytes,
                 ExtentBody::Regular { .. } => 0,
             };
+            n = u64::checked_add(n, bytes).ok_or_else(|| {
+                crate::Error::corrupt(format!(
+                    "the extents of inode {ino} hold more than 2^64 bytes"
+                ))
+            })?;
         }
         Ok(n)
     }

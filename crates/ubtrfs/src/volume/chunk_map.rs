@@ -106,12 +106,10 @@ impl Chunk {
         if n < min {
             return Err(bad("too few stripes"));
         }
-        if matches!(
-            profile,
-            Profile::Raid0 | Profile::Raid10 | Profile::Raid5 | Profile::Raid6
-        ) && (item.stripe_len == 0 || !item.stripe_len.is_power_of_two())
-        {
-            return Err(bad("bad stripe length"));
+        // The kernel writes and accepts 64 KiB only; a huge one would
+        // overflow the row arithmetic of striped profiles.
+        if item.stripe_len != STRIPE_LEN {
+            return Err(bad("bad stripe length (not 64 KiB)"));
         }
         // RAID6's Q weighs data stripe i by 2^i in GF(2^8): beyond 255
         // data stripes two would share a weight and could not be told apart.
@@ -329,6 +327,24 @@ mod tests {
                     dev_uuid: [0; 16],
                 })
                 .collect(),
+        }
+    }
+
+    #[test]
+    fn a_stripe_length_other_than_64_kib_is_refused() {
+        for (flags, devs) in [
+            (BLOCK_GROUP_DATA, &[(1u64, 1u64 << 20)][..]),
+            (
+                BLOCK_GROUP_DATA | BLOCK_GROUP_RAID5,
+                &[(1, 1 << 20), (2, 1 << 20), (3, 1 << 20)][..],
+            ),
+        ] {
+            for stripe_len in [0, 4096, 1 << 17, 1 << 63] {
+                let mut it = item(flags, devs, 0);
+                it.stripe_len = stripe_len;
+                let e = Chunk::new(1 << 20, it).unwrap_err();
+                assert!(e.to_string().contains("stripe length"), "{e}");
+            }
         }
     }
 

@@ -17,6 +17,21 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A write would go past the end of a device: a chunk of the
+    /// filesystem lies beyond it (a truncated image, or the wrong device).
+    #[error(
+        "{path}: write of {len} bytes at offset {offset} is past the end of the device ({size} bytes); is the image truncated, or the wrong device?"
+    )]
+    WritePastEnd {
+        /// The device file.
+        path: PathBuf,
+        /// Where the write starts.
+        offset: u64,
+        /// Bytes to write.
+        len: usize,
+        /// Size of the device.
+        size: u64,
+    },
     /// A read went past the end of a device (truncated image).
     #[error(
         "{path}: read of {len} bytes at offset {offset} is past the end of the device ({size} bytes); is the image truncated?"

@@ -484,6 +484,25 @@ fn truncated_image_is_a_clear_error() {
             r.unwrap_or_else(|e| panic!("{path}: {e}"));
         }
     }
+    drop(fs);
+    // Written to, the data chunk lies past the end: the write is refused
+    // by name, and the image does not grow.
+    let fs = Filesystem::open_read_write(&[&img]).unwrap();
+    let new = ubtrfs::fs::NewInode {
+        mode: libc::S_IFREG | 0o644,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+    };
+    let id = fs.create(fs.root(), b"new", new).unwrap().id;
+    fs.write(id, 0, &bytes(9, 256 << 10)).unwrap();
+    let e = fs.commit().unwrap_err();
+    assert!(
+        e.to_string().contains("is past the end of the device")
+            && e.to_string().contains("truncated, or the wrong device"),
+        "{e}"
+    );
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), meta_end);
 }
 
 #[test]

@@ -20,6 +20,23 @@ pub struct FileDevice {
 }
 
 impl FileDevice {
+    /// A write must stay inside the device: past the end of a regular
+    /// file it would silently grow the image.
+    fn check_write(&self, offset: u64, len: usize) -> Result<()> {
+        if offset
+            .checked_add(len as u64)
+            .is_none_or(|end| end > self.size)
+        {
+            return Err(Error::WritePastEnd {
+                path: self.path.clone(),
+                offset,
+                len,
+                size: self.size,
+            });
+        }
+        Ok(())
+    }
+
     /// Open `path` read-only.
     pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self> {
         Self::open_with(path.as_ref(), false)
@@ -147,6 +164,7 @@ impl Device for FileDevice {
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
+        self.check_write(offset, buf.len())?;
         self.file
             .write_all_at(buf, offset)
             .map_err(|e| self.io(e))?;
@@ -163,6 +181,7 @@ impl Device for FileDevice {
 
     fn write_fua(&self, offset: u64, buf: &[u8]) -> Result<()> {
         // A file has no FUA: a write followed by fdatasync gives the same guarantee.
+        self.check_write(offset, buf.len())?;
         self.file
             .write_all_at(buf, offset)
             .map_err(|e| self.io(e))?;

@@ -864,6 +864,9 @@ impl Filesystem {
                 places
             }
         };
+        // The space is held: a failure before its extents are in leaves it
+        // held, and the data taken.
+        crate::transaction::abort::note_edit();
         let contiguous = places
             .iter()
             .zip(&c.pieces)
@@ -1038,6 +1041,9 @@ impl Filesystem {
                 }
             }
         }
+        // The space is held: a failure before its extents are in leaves it
+        // held (all of it is given back above, when it is not all there).
+        crate::transaction::abort::note_edit();
         Ok(pieces)
     }
 

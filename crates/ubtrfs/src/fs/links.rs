@@ -205,7 +205,13 @@ impl Filesystem {
             if let (Err(_), Some(id)) = (&r, held) {
                 // The caller gets the error and holds nothing (an orphan left
                 // behind goes at the next mount).
-                let _ = self.release_inode(id);
+                if crate::transaction::abort::is_whole() {
+                    let _ = self.release_inode(id);
+                } else {
+                    // Stopped half-way (it aborts): only the count goes,
+                    // nothing may change on top of the half change.
+                    let _ = self.close_inode(id);
+                }
             }
             r.map(|()| held)
         })

@@ -97,6 +97,7 @@ mod dev;
 mod reply;
 mod ring;
 mod served;
+pub mod subvol_info;
 pub mod subvol_ioctl;
 mod wire;
 mod write;
@@ -1441,7 +1442,7 @@ impl FuseFs {
                 me.subvol_request(&caller, ino, &request)?;
                 me.served.invalidate_entry(ino, request.name());
                 me.served.invalidate_attrs(ino);
-                Ok(())
+                Ok(Vec::new())
             });
         }
         if cmd == BTRFS_IOC_SUBVOL_SETFLAGS {
@@ -1451,9 +1452,32 @@ impl FuseFs {
             let flags = in_data
                 .get(..8)
                 .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()));
-            return self.on_own_thread(reply, move |me| me.set_subvol_flags(&caller, ino, flags));
+            return self.on_own_thread(reply, move |me| {
+                me.set_subvol_flags(&caller, ino, flags)
+                    .map(|()| Vec::new())
+            });
+        }
+        if cmd == subvol_info::BTRFS_IOC_SET_RECEIVED_SUBVOL {
+            // Commits: on a thread that serves no requests, as above.
+            let caller = *req;
+            let args = in_data.to_vec();
+            return self.on_own_thread(reply, move |me| me.set_received(&caller, ino, &args));
         }
         match cmd {
+            // `btrfs subvolume show`, `btrfs property`: what the subvolume
+            // holding the inode is; anyone may ask, as in the kernel.
+            subvol_info::BTRFS_IOC_GET_SUBVOL_INFO => {
+                let info = self.served.read(|fs| -> ubtrfs::Result<_> {
+                    let item = fs.subvolume_root_item(id.subvol)?;
+                    let all = fs.subvolumes()?;
+                    let link = all.iter().find(|s| s.id == id.subvol);
+                    Ok(subvol_info::GetSubvolInfo::of(id.subvol, &item, link))
+                });
+                match info {
+                    Ok(info) => reply.ioctl(0, info.bytes()),
+                    Err(e) => reply.error(errno(e)),
+                }
+            }
             // `btrfs property get ro`: the subvolume's read-only flag.
             BTRFS_IOC_SUBVOL_GETFLAGS => {
                 if id.ino != ubtrfs::format::consts::FIRST_INODE || id.is_placeholder() {
@@ -1743,7 +1767,7 @@ impl FuseFs {
     fn on_own_thread<R: IoctlReply + Send + 'static>(
         &self,
         reply: R,
-        work: impl FnOnce(&FuseFs) -> Result<(), Errno> + Send + 'static,
+        work: impl FnOnce(&FuseFs) -> Result<Vec<u8>, Errno> + Send + 'static,
     ) {
         if self.own_threads.fetch_add(1, Ordering::AcqRel) >= OWN_THREADS {
             self.own_threads.fetch_sub(1, Ordering::AcqRel);
@@ -1756,7 +1780,7 @@ impl FuseFs {
                 let done = work(&me);
                 me.own_threads.fetch_sub(1, Ordering::AcqRel);
                 match done {
-                    Ok(()) => reply.ioctl(0, &[]),
+                    Ok(out) => reply.ioctl(0, &out),
                     Err(e) => reply.error(e),
                 }
             });
@@ -1802,6 +1826,33 @@ impl FuseFs {
         self.served.write_committing("property", |fs| {
             fs.set_subvolume_readonly(id.subvol, readonly)
         })
+    }
+
+    /// `BTRFS_IOC_SET_RECEIVED_SUBVOL` on the root of subvolume `ino`
+    /// (`btrfs receive` at its end; all zero from `btrfs property set -f
+    /// ro false`): by its owner or root, on a writable subvolume, as in
+    /// the kernel. Answers the request with the receive transid and time.
+    fn set_received(&self, req: &Caller, ino: INodeNo, args: &[u8]) -> Result<Vec<u8>, Errno> {
+        let id = self.inode_of(ino);
+        let who = caller_access::Credentials::of(req.pid())?;
+        if !(req.uid() == 0 && who.admin) {
+            let owner = self.served.read(|fs| fs.stat(id).map_err(errno))?.uid;
+            if owner != req.uid() && !who.fowner {
+                return Err(Errno::EPERM);
+            }
+        }
+        if !self.served.writable() {
+            return Err(Errno::EROFS);
+        }
+        self.writable_views(req, ino)?;
+        if id.ino != ubtrfs::format::consts::FIRST_INODE || id.is_placeholder() {
+            return Err(Errno::EINVAL);
+        }
+        let r = subvol_info::SetReceived::decode(args).ok_or(Errno::EINVAL)?;
+        let (rtransid, rtime) = self.served.write_committing("receive", |fs| {
+            fs.set_received(id.subvol, r.uuid, r.stransid, r.stime)
+        })?;
+        Ok(subvol_info::SetReceived::reply(args, rtransid, rtime))
     }
 
     /// Learn the mount's device, once mounted (snapshot sources are

@@ -745,3 +745,147 @@ fn the_read_only_property_of_subvolumes() {
     );
     k.unmount().unwrap();
 }
+
+/// A snapshot `btrfs receive` made (by the kernel) keeps its received
+/// UUID, which incremental sends into it rely on: `ubtrfs property set ro
+/// false` refuses it, as `btrfs property set` does, and with `-f` makes it
+/// writable and forgets it was received (`BTRFS_IOC_SET_RECEIVED_SUBVOL`
+/// on a mount, which `BTRFS_IOC_GET_SUBVOL_INFO` told it was received),
+/// leaving what the kernel leaves: no received UUID or its UUID tree item,
+/// no send transid.
+#[test]
+fn received_snapshots_stay_read_only_unless_forced() {
+    require_privileged!();
+    let t = TestDir::new("subvolume-mount-received").unwrap();
+    let run = |c: &mut Command| testkit::run(c).unwrap_or_else(|e| panic!("{e:#}"));
+    // Sent from one kernel filesystem, received twice into another.
+    let src = common::new_image(&t, "src.img", 256 << 20);
+    let img = common::new_image(&t, "disk.img", 512 << 20);
+    let stream = t.join("stream");
+    {
+        let k = Mount::new(&[&src], &t.join("ksrc"), "").unwrap();
+        run(Command::new("btrfs")
+            .args(["subvolume", "create"])
+            .arg(k.path().join("vol")));
+        std::fs::write(k.path().join("vol/file"), b"sent\n").unwrap();
+        run(Command::new("btrfs")
+            .args(["subvolume", "snapshot", "-r"])
+            .arg(k.path().join("vol"))
+            .arg(k.path().join("snap")));
+        run(Command::new("btrfs")
+            .args(["send", "-q", "-f"])
+            .arg(&stream)
+            .arg(k.path().join("snap")));
+        k.unmount().unwrap();
+        let k = Mount::new(&[&img], &t.join("kdst"), "").unwrap();
+        for dir in ["a", "b"] {
+            std::fs::create_dir(k.path().join(dir)).unwrap();
+            run(Command::new("btrfs")
+                .args(["receive", "-f"])
+                .arg(&stream)
+                .arg(k.path().join(dir)));
+        }
+        k.unmount().unwrap();
+    }
+    // Subvolumes the UUID tree lists under a received UUID.
+    let received_items = |img: &Path| {
+        let dump = run(Command::new("btrfs")
+            .args(["inspect-internal", "dump-tree", "-t", "uuid"])
+            .arg(img));
+        let mut in_received = false;
+        let mut n = 0;
+        for line in dump.lines() {
+            if line.contains(" key (") {
+                in_received = line.contains("UUID_KEY_RECEIVED_SUBVOL");
+            } else if in_received {
+                n += line.matches("subvol_id").count();
+            }
+        }
+        n
+    };
+    assert_eq!(received_items(&img), 2);
+
+    // On the image.
+    let image = img.to_str().unwrap();
+    assert_eq!(ok(&["property", "get", image, "/a/snap"]).trim(), "ro=true");
+    fails(
+        &["property", "set", image, "/a/snap", "ro", "false"],
+        "a received snapshot",
+    );
+    assert_eq!(ok(&["property", "get", image, "/a/snap"]).trim(), "ro=true");
+    ok(&["property", "set", "-f", image, "/a/snap", "ro", "false"]);
+    assert_eq!(
+        ok(&["property", "get", image, "/a/snap"]).trim(),
+        "ro=false"
+    );
+    assert_eq!(received_items(&img), 1);
+    check_image(&img);
+
+    // BTRFS_IOC_GET_SUBVOL_INFO, as the kernel answers it (read-only).
+    let subvol_info = |path: &Path| {
+        let out = Command::new("/usr/bin/python3")
+            .arg("-c")
+            .arg(
+                "import fcntl, os, sys\n\
+                 b = bytearray(504)\n\
+                 fcntl.ioctl(os.open(sys.argv[1], os.O_RDONLY), 0x81f8943c, b)\n\
+                 print(b.hex())",
+            )
+            .arg(path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", show(&out));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let k = Mount::new(&[&img], &t.join("kro"), "ro").unwrap();
+    let kernel_info = subvol_info(&k.path().join("b/snap"));
+    let kernel_top = subvol_info(k.path());
+    k.unmount().unwrap();
+
+    // On a mount.
+    let mnt = t.join("mnt");
+    let m = start_mount(&img, &mnt, &[]);
+    assert_eq!(subvol_info(&mnt.join("b/snap")), kernel_info);
+    assert_eq!(subvol_info(&mnt), kernel_top);
+    fails(
+        &["property", "set", &p(&mnt, "b/snap"), "ro", "false"],
+        "a received snapshot",
+    );
+    let e = std::fs::write(mnt.join("b/snap/new"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
+    ok(&["property", "set", "-f", &p(&mnt, "b/snap"), "ro", "false"]);
+    std::fs::write(mnt.join("b/snap/new"), b"writable\n").unwrap();
+    // Asked again: nothing is left to refuse.
+    ok(&["property", "set", &p(&mnt, "b/snap"), "ro", "true"]);
+    ok(&["property", "set", &p(&mnt, "b/snap"), "ro", "false"]);
+    m.unmount().unwrap();
+    check_image(&img);
+    assert_eq!(received_items(&img), 0);
+
+    // The kernel sees both as never received, and writable.
+    let k = Mount::new(&[&img], &t.join("kmnt"), "").unwrap();
+    for dir in ["a", "b"] {
+        let shown = run(Command::new("btrfs")
+            .args(["subvolume", "show"])
+            .arg(k.path().join(dir).join("snap")));
+        let field = |name: &str| {
+            shown
+                .lines()
+                .find(|l| l.trim_start().starts_with(name))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+                .unwrap_or_else(|| panic!("no {name} in:\n{shown}"))
+        };
+        assert_eq!(field("Received UUID"), "-", "{dir}:\n{shown}");
+        assert_eq!(field("Send transid"), "0", "{dir}:\n{shown}");
+        assert_eq!(field("Flags"), "-", "{dir}:\n{shown}");
+        assert_eq!(
+            std::fs::read(k.path().join(dir).join("snap/file")).unwrap(),
+            b"sent\n"
+        );
+    }
+    assert_eq!(
+        std::fs::read(k.path().join("b/snap/new")).unwrap(),
+        b"writable\n"
+    );
+    k.unmount().unwrap();
+}

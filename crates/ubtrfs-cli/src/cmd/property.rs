@@ -45,9 +45,15 @@ pub struct GetArgs {
     after_help = "\
 Makes the subvolume or snapshot at PATH read-only (ro true) or writable \
 (ro false), and commits. In a mount, as in the kernel, its owner or root \
-may; what was written to it before it turns read-only is in it."
+may; what was written to it before it turns read-only is in it. A \
+snapshot `btrfs receive` made stays read-only unless -f is given: it then \
+forgets it was received (its received UUID, which incremental sends into \
+it rely on), as `btrfs property set -f` does."
 )]
 pub struct SetArgs {
+    /// Make a received snapshot writable, forgetting it was received.
+    #[arg(short, long)]
+    force: bool,
     /// The filesystem's devices (all of them, any order) if it is not
     /// mounted, then PATH, `ro`, and `true` or `false`.
     #[arg(required = true, num_args = 3.., value_name = "ARG")]
@@ -105,8 +111,8 @@ pub fn run(command: Command) -> Result<()> {
                 _ => bail!("ro is true or false, not {}", value.display()),
             };
             match rest {
-                [path] => mounted_set(path, ro),
-                [devices @ .., path] => image_set(devices, path, ro),
+                [path] => mounted_set(path, ro, a.force),
+                [devices @ .., path] => image_set(devices, path, ro, a.force),
                 [] => bail!("give the subvolume's path"),
             }
         }
@@ -141,13 +147,63 @@ fn mounted_get(path: &Path) -> Result<bool> {
     Ok(flags & SUBVOL_RDONLY != 0)
 }
 
-fn mounted_set(path: &Path, ro: bool) -> Result<()> {
+fn mounted_set(path: &Path, ro: bool, force: bool) -> Result<()> {
     let f = std::fs::File::open(path).with_context(|| path.display().to_string())?;
+    let received = if ro {
+        None
+    } else {
+        let mut info = crate::fuse::subvol_info::GetSubvolInfo::zeroed();
+        // SAFETY: the ioctl writes the bytes its number encodes, the size
+        // of `info`.
+        let rc = unsafe {
+            libc::ioctl(
+                f.as_raw_fd(),
+                crate::fuse::subvol_info::BTRFS_IOC_GET_SUBVOL_INFO as _,
+                info.bytes_mut().as_mut_ptr(),
+            )
+        };
+        if rc != 0 {
+            return Err(explain(std::io::Error::last_os_error(), path));
+        }
+        info.received_uuid()
+    };
+    if let Some(uuid) = received {
+        refuse_received(path, &uuid, force)?;
+    }
     let flags: u64 = if ro { SUBVOL_RDONLY } else { 0 };
     // SAFETY: the ioctl reads the 8 bytes its number encodes.
     let rc = unsafe { libc::ioctl(f.as_raw_fd(), BTRFS_IOC_SUBVOL_SETFLAGS as _, &flags) };
     if rc != 0 {
         return Err(explain(std::io::Error::last_os_error(), path));
+    }
+    if received.is_some() {
+        // Forgotten: all zero, as `btrfs property set -f` sends it.
+        let mut args = [0u8; crate::fuse::subvol_info::RECEIVED_ARGS_SIZE];
+        // SAFETY: the ioctl reads and writes the bytes its number encodes.
+        let rc = unsafe {
+            libc::ioctl(
+                f.as_raw_fd(),
+                crate::fuse::subvol_info::BTRFS_IOC_SET_RECEIVED_SUBVOL as _,
+                args.as_mut_ptr(),
+            )
+        };
+        if rc != 0 {
+            return Err(explain(std::io::Error::last_os_error(), path))
+                .context("made writable, but its received UUID is left");
+        }
+    }
+    Ok(())
+}
+
+/// A received snapshot stays read-only unless forced (as `btrfs property
+/// set` has it): incremental sends into it rely on its received UUID.
+fn refuse_received(path: &Path, uuid: &[u8; 16], force: bool) -> Result<()> {
+    if !force {
+        bail!(
+            "{}: a received snapshot (received UUID {}): incremental sends into it rely on that; -f makes it writable and forgets it (or make a writable snapshot of it)",
+            path.display(),
+            ubtrfs::format::uuid_string(uuid)
+        );
     }
     Ok(())
 }
@@ -169,9 +225,23 @@ fn image_get(devices: &[PathBuf], path: &Path) -> Result<bool> {
         .with_context(|| format!("subvolume {id}"))
 }
 
-fn image_set(devices: &[PathBuf], path: &Path, ro: bool) -> Result<()> {
+fn image_set(devices: &[PathBuf], path: &Path, ro: bool, force: bool) -> Result<()> {
     let fs = super::open_fs_rw(devices)?;
     let id = subvolume_at(&fs, path)?;
+    let received = if ro { None } else { fs.received_uuid(id)? };
+    if let Some(uuid) = &received {
+        refuse_received(path, uuid, force)?;
+    }
     fs.set_subvolume_readonly(id, ro)
-        .with_context(|| format!("setting ro={ro} on {}", path.display()))
+        .with_context(|| format!("setting ro={ro} on {}", path.display()))?;
+    if received.is_some() {
+        fs.set_received(id, [0; 16], 0, Default::default())
+            .with_context(|| {
+                format!(
+                    "made {} writable, but its received UUID is left",
+                    path.display()
+                )
+            })?;
+    }
+    Ok(())
 }

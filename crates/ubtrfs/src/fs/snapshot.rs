@@ -28,7 +28,7 @@ use crate::{Error, Result};
 const INODE_ROOT_ITEM_INIT: u64 = 1 << 31;
 
 /// Size of a current root item.
-const ROOT_ITEM_SIZE: usize = 439;
+pub(crate) const ROOT_ITEM_SIZE: usize = 439;
 
 impl Filesystem {
     /// Create an empty subvolume `name` in directory `dir`, its root
@@ -315,7 +315,13 @@ impl Filesystem {
     }
 
     /// Record `uuid` of subvolume `id` in the UUID tree, if there is one.
-    fn add_uuid(&self, w: &mut Writer, uuid: &[u8; 16], kind: u8, id: u64) -> Result<()> {
+    pub(crate) fn add_uuid(
+        &self,
+        w: &mut Writer,
+        uuid: &[u8; 16],
+        kind: u8,
+        id: u64,
+    ) -> Result<()> {
         if self.root_ptr(UUID_TREE_OBJECTID)?.is_none() {
             return Ok(());
         }

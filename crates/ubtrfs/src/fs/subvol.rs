@@ -197,6 +197,80 @@ impl Filesystem {
     }
 }
 
+impl Filesystem {
+    /// The root item of subvolume `subvol`: its flags, UUIDs, transids
+    /// and times (what `btrfs subvolume show` prints).
+    pub fn subvolume_root_item(&self, subvol: u64) -> Result<crate::format::items::RootItem> {
+        self.find_root(subvol)?
+            .map(|(_, item)| item)
+            .ok_or_else(|| Error::NotFound(format!("subvolume {subvol}")))
+    }
+
+    /// What `btrfs receive` recorded of subvolume `subvol`: the UUID of
+    /// the subvolume it was sent from, if it was received.
+    pub fn received_uuid(&self, subvol: u64) -> Result<Option<[u8; 16]>> {
+        let (_, item) = self
+            .find_root(subvol)?
+            .ok_or_else(|| Error::NotFound(format!("subvolume {subvol}")))?;
+        Ok(Some(item.received_uuid).filter(|u| *u != [0; 16]))
+    }
+
+    /// Record that subvolume `subvol` was received from the subvolume
+    /// `uuid` as it was in its transaction `stransid` at `stime`, as
+    /// `BTRFS_IOC_SET_RECEIVED_SUBVOL` does (`btrfs receive` at its end);
+    /// all zero forgets it (what `btrfs property set -f ro false` asks
+    /// for). The receive transid and time are this transaction's and now,
+    /// and are returned; the change is committed. A read-only subvolume is
+    /// refused (EROFS), as in the kernel.
+    pub fn set_received(
+        &self,
+        subvol: u64,
+        uuid: [u8; 16],
+        stransid: u64,
+        stime: crate::format::items::Timespec,
+    ) -> Result<(u64, crate::format::items::Timespec)> {
+        self.change("setting a subvolume's received UUID", || {
+            if !crate::transaction::is_subvol_tree(subvol) {
+                return Err(Error::Invalid(format!("tree {subvol} is not a subvolume")));
+            }
+            let mut w = self.writer()?;
+            self.check_not_deleted(subvol)?;
+            if self.subvolume_readonly(subvol)? {
+                return Err(Error::ReadOnly(format!("subvolume {subvol} is read-only")));
+            }
+            let (key, mut data) = self.root_item_bytes(subvol)?;
+            if data.len() < super::snapshot::ROOT_ITEM_SIZE {
+                // An old, short root item: the fields come after it.
+                data.resize(super::snapshot::ROOT_ITEM_SIZE, 0);
+            }
+            let old: [u8; 16] = data[279..295].try_into().unwrap_or_default();
+            let now = crate::format::items::Timespec::now();
+            let transid = w.blocks.transid;
+            let time = |t: crate::format::items::Timespec| {
+                let mut b = Vec::with_capacity(12);
+                t.encode(&mut b);
+                b
+            };
+            data[279..295].copy_from_slice(&uuid); // received_uuid
+            data[311..319].copy_from_slice(&stransid.to_le_bytes());
+            data[319..327].copy_from_slice(&transid.to_le_bytes()); // rtransid
+            data[351..363].copy_from_slice(&time(stime));
+            data[363..375].copy_from_slice(&time(now)); // rtime
+            if old != [0; 16] {
+                self.remove_uuid(&mut w, &old, UUID_KEY_RECEIVED_SUBVOL, subvol)?;
+            }
+            self.modify_tree(&mut w, ROOT_TREE_OBJECTID, |ed, root| {
+                ed.put(root, key, data)
+            })?;
+            if uuid != [0; 16] {
+                self.add_uuid(&mut w, &uuid, UUID_KEY_RECEIVED_SUBVOL, subvol)?;
+            }
+            self.commit_locked(&mut w)?;
+            Ok((transid, now))
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

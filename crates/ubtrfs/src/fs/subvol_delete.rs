@@ -307,7 +307,13 @@ impl Filesystem {
     }
 
     /// Remove subvolume `id` from the UUID tree item of `uuid`, if any.
-    fn remove_uuid(&self, w: &mut Writer, uuid: &[u8; 16], kind: u8, id: u64) -> Result<()> {
+    pub(crate) fn remove_uuid(
+        &self,
+        w: &mut Writer,
+        uuid: &[u8; 16],
+        kind: u8,
+        id: u64,
+    ) -> Result<()> {
         if self.root_ptr(UUID_TREE_OBJECTID)?.is_none() {
             return Ok(());
         }

@@ -705,6 +705,59 @@ fn failed_final_commit_exits_non_zero() {
     check_image(&img);
 }
 
+/// A commit that fails in the middle of a session (the device refuses
+/// writes) stops the mount taking changes, as the kernel's transaction
+/// abort turns a filesystem read-only: later changes answer EROFS, reads go
+/// on, the unmount says what was lost and exits non-zero, and the image
+/// holds the last commit, whole.
+#[test]
+fn a_failed_commit_stops_all_changes() {
+    require_privileged!();
+    let t = TestDir::new("mount-rw-abort").unwrap();
+    let img = new_image(&t);
+    let dev = Loop::attach(&img).unwrap();
+    let m = RwMount::start(dev.device(), &t.join("fuse"), &NO_TIMER);
+    let kept = pattern(200_000, 71);
+    fs::write(m.path().join("kept"), &kept).unwrap();
+    run(Command::new(ubtrfs_bin()).arg("sync").arg(m.path())).unwrap();
+    fs::write(m.path().join("doomed"), b"never committed").unwrap();
+    // Writes to the device now fail (EPERM): the commit stops half-way.
+    run(command("blockdev").arg("--setro").arg(dev.device())).unwrap();
+    let out = Command::new(ubtrfs_bin())
+        .arg("sync")
+        .arg(m.path())
+        .output()
+        .unwrap();
+    let _ = run(command("blockdev").arg("--setrw").arg(dev.device()));
+    assert!(
+        !out.status.success(),
+        "ubtrfs sync succeeded though its commit failed"
+    );
+    // The device takes writes again; the mount does not.
+    for (what, r) in [
+        ("create", File::create(m.path().join("new")).map(drop)),
+        ("mkdir", fs::create_dir(m.path().join("newdir"))),
+        ("unlink", fs::remove_file(m.path().join("kept"))),
+    ] {
+        assert_eq!(errno_of(r), libc::EROFS, "{what}");
+    }
+    assert!(fs::read(m.path().join("kept")).unwrap() == kept);
+    let (status, err) = m.unmount();
+    assert!(
+        !status.success()
+            && err.contains("no more changes")
+            && err.contains("lost")
+            && err.contains("not permitted"),
+        "the unmount after a failed commit: {status}\n{err}"
+    );
+    dev.detach().unwrap();
+    check_image(&img);
+    let k = Mount::single(&img, &t.join("kernel"), "ro").unwrap();
+    assert!(fs::read(k.path().join("kept")).unwrap() == kept);
+    assert!(!k.path().join("doomed").exists());
+    k.unmount().unwrap();
+}
+
 #[test]
 fn read_only_mounts_refuse_changes() {
     require_privileged!();

@@ -134,7 +134,7 @@ pub enum Error {
     /// An operation that commits failed after it had begun to change the
     /// filesystem: the running transaction may be half changed, and must
     /// not be committed (a FUSE mount stops taking changes).
-    #[error("{0}")]
+    #[error(transparent)]
     AfterChange(Box<Error>),
     /// An earlier change failed half-way ([`Filesystem::aborted`]): the
     /// filesystem takes no more changes until it is opened again.

@@ -1469,9 +1469,18 @@ impl FuseFs {
             subvol_info::BTRFS_IOC_GET_SUBVOL_INFO => {
                 let info = self.served.read(|fs| -> ubtrfs::Result<_> {
                     let item = fs.subvolume_root_item(id.subvol)?;
-                    let all = fs.subvolumes()?;
-                    let link = all.iter().find(|s| s.id == id.subvol);
-                    Ok(subvol_info::GetSubvolInfo::of(id.subvol, &item, link))
+                    let link = fs.subvolume_link(id.subvol)?;
+                    if link.is_none() && id.subvol != ubtrfs::format::consts::FS_TREE_OBJECTID {
+                        return Err(ubtrfs::Error::NotFound(format!(
+                            "subvolume {} has no link",
+                            id.subvol
+                        )));
+                    }
+                    Ok(subvol_info::GetSubvolInfo::of(
+                        id.subvol,
+                        &item,
+                        link.as_ref(),
+                    ))
                 });
                 match info {
                     Ok(info) => reply.ioctl(0, info.bytes()),
@@ -1834,12 +1843,11 @@ impl FuseFs {
     /// the kernel. Answers the request with the receive transid and time.
     fn set_received(&self, req: &Caller, ino: INodeNo, args: &[u8]) -> Result<Vec<u8>, Errno> {
         let id = self.inode_of(ino);
+        // The owner, or CAP_FOWNER, as the kernel asks here (root too).
         let who = caller_access::Credentials::of(req.pid())?;
-        if !(req.uid() == 0 && who.admin) {
-            let owner = self.served.read(|fs| fs.stat(id).map_err(errno))?.uid;
-            if owner != req.uid() && !who.fowner {
-                return Err(Errno::EPERM);
-            }
+        let owner = self.served.read(|fs| fs.stat(id).map_err(errno))?.uid;
+        if owner != req.uid() && !who.fowner {
+            return Err(Errno::EPERM);
         }
         if !self.served.writable() {
             return Err(Errno::EROFS);

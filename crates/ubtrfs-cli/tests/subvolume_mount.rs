@@ -844,13 +844,42 @@ fn received_snapshots_stay_read_only_unless_forced() {
 
     // On a mount.
     let mnt = t.join("mnt");
-    let m = start_mount(&img, &mnt, &[]);
+    let m = start_mount(&img, &mnt, &["-o", "allow_other"]);
     assert_eq!(subvol_info(&mnt.join("b/snap")), kernel_info);
     assert_eq!(subvol_info(&mnt), kernel_top);
     fails(
         &["property", "set", &p(&mnt, "b/snap"), "ro", "false"],
         "a received snapshot",
     );
+    // A raw BTRFS_IOC_SET_RECEIVED_SUBVOL (all zero): EROFS on the
+    // read-only snapshot; EPERM for a user who does not own it.
+    let set_received = |path: &Path, uid: Option<u32>| {
+        let mut c = Command::new("setpriv");
+        match uid {
+            Some(u) => c.args([
+                format!("--reuid={u}"),
+                format!("--regid={u}"),
+                "--clear-groups".into(),
+            ]),
+            None => c.arg("--"),
+        };
+        let out = c
+            .arg("/usr/bin/python3")
+            .arg("-c")
+            .arg(
+                "import errno, fcntl, os, sys\n\
+                 b = bytearray(200)\n\
+                 try:\n    fcntl.ioctl(os.open(sys.argv[1], os.O_RDONLY), 0xc0c89425, b)\n\
+                 except OSError as e:\n    print(errno.errorcode[e.errno])\n\
+                 else:\n    print('OK')",
+            )
+            .arg(path)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(set_received(&mnt.join("b/snap"), None), "EROFS");
+    assert_eq!(set_received(&mnt.join("b/snap"), Some(1000)), "EPERM");
     let e = std::fs::write(mnt.join("b/snap/new"), b"x").unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
     ok(&["property", "set", "-f", &p(&mnt, "b/snap"), "ro", "false"]);

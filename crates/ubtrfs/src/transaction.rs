@@ -579,9 +579,11 @@ impl Filesystem {
     /// not replayed, orphans are not cleaned.
     pub(crate) fn open_with_writer(set: DeviceSet) -> Result<Self> {
         let mut dev_supers = BTreeMap::new();
+        let mut sizes = BTreeMap::new();
         for (devid, dev) in set.iter() {
             let (sb, _) = scan_device(dev.as_ref())?;
             dev_supers.insert(devid, sb.raw.clone());
+            sizes.insert(devid, (dev.path().to_path_buf(), dev.size()));
         }
         let mut fs = Filesystem::open_unreplayed(set)?;
         let sb = fs.superblock().clone();
@@ -601,6 +603,21 @@ impl Filesystem {
             return Err(Error::Devices(
                 "a device is missing: writing needs every device".into(),
             ));
+        }
+        // A device smaller than the filesystem says it is (a truncated
+        // image, the wrong device) would have chunks placed past its end.
+        for item in fs.chunk_tree().items_of(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY)? {
+            let d = crate::format::items::DevItem::parse(item?.data())?;
+            if let Some((path, size)) = sizes.get(&d.devid)
+                && d.total_bytes > *size
+            {
+                return Err(Error::Devices(format!(
+                    "{}: device {} holds {size} bytes, but the filesystem says it holds {}: a truncated image or the wrong device (it can still be opened read-only)",
+                    path.display(),
+                    d.devid,
+                    d.total_bytes
+                )));
+            }
         }
         let bg_tree = if sb.compat_ro_flags & COMPAT_RO_BLOCK_GROUP_TREE != 0 {
             BLOCK_GROUP_TREE_OBJECTID

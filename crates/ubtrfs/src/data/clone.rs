@@ -318,7 +318,7 @@ impl Filesystem {
 /// The inode item of `id`, which must be a regular file (`what` names it
 /// in errors).
 fn clone_file(fs: &Filesystem, id: InodeId, what: &str) -> Result<InodeItem> {
-    let item = fs.inode_item(id)?;
+    let item = fs.inode_item_for_data(id)?;
     match FileKind::from_mode(item.mode) {
         Some(FileKind::File) => Ok(item),
         Some(FileKind::Dir) => Err(Error::IsDir(format!(

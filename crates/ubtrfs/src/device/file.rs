@@ -214,3 +214,33 @@ impl Device for FileDevice {
         &self.counters
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A write that would reach past the end of an image is refused by
+    /// name (a chunk placed past the end of a truncated image), and the
+    /// image does not grow; writes inside it go through.
+    #[test]
+    fn writes_past_the_end_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("img");
+        std::fs::File::create(&path).unwrap().set_len(8192).unwrap();
+        let dev = FileDevice::open_read_write(&path).unwrap();
+        dev.write_at(4096, &[1; 4096]).unwrap();
+        for (at, len) in [(8000u64, 1000usize), (8192, 1), (u64::MAX, 1)] {
+            let e = dev.write_at(at, &vec![2; len]).unwrap_err();
+            assert!(
+                matches!(e, Error::WritePastEnd { offset, size: 8192, .. } if offset == at),
+                "{e:?}"
+            );
+            assert!(
+                e.to_string().contains("truncated, or the wrong device"),
+                "{e}"
+            );
+            assert!(dev.write_fua(at, &vec![2; len]).is_err());
+        }
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 8192);
+    }
+}

@@ -304,6 +304,11 @@ impl Filesystem {
             return Ok(());
         }
         let now = Timespec::now();
+        // Each directory that gets a name has an index left for it.
+        self.index_left(&mut w, new_dir)?;
+        if exchange {
+            self.index_left(&mut w, old_dir)?;
+        }
         // Each name removed from a directory frees its bytes in the
         // inode's ref item for it.
         let freed = |name: &[u8]| {

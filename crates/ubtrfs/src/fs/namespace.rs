@@ -110,8 +110,22 @@ impl Filesystem {
     }
 
     pub(crate) fn next_index(&self, w: &mut Writer, dir: InodeId) -> Result<u64> {
-        let n = self.index_counter(w, dir)?;
+        let n = self.index_left(w, dir)?;
         w.next_index.insert((dir.subvol, dir.ino), n + 1);
+        Ok(n)
+    }
+
+    /// The index a new entry of `dir` would get; an error naming the
+    /// damage if none is left (an entry at index 2^64-1). Operations that
+    /// add names ask before they change anything.
+    pub(crate) fn index_left(&self, w: &mut Writer, dir: InodeId) -> Result<u64> {
+        let n = self.index_counter(w, dir)?;
+        if n == u64::MAX {
+            return Err(Error::corrupt(format!(
+                "directory {} has index u64::MAX: no index is left for a new entry",
+                dir.ino
+            )));
+        }
         Ok(n)
     }
 
@@ -129,8 +143,8 @@ impl Filesystem {
             .map(|it| it.key())
             .filter(|k| k.objectid == dir.ino && k.item_type == DIR_INDEX_KEY)
             // Indexes 0 and 1 stand for "." and "..".
-            .map_or(Some(2), |k| k.offset.checked_add(1))
-            .ok_or_else(|| Error::corrupt(format!("directory {} has index u64::MAX", dir.ino)))?
+            // An entry at the last index leaves none (`index_left`).
+            .map_or(2, |k| k.offset.saturating_add(1))
             .max(2);
         w.next_index.insert((dir.subvol, dir.ino), n);
         Ok(n)
@@ -455,7 +469,7 @@ impl Filesystem {
         };
         // The directory's next index is looked up before anything changes:
         // a damaged directory refuses the create whole.
-        self.index_counter(w, dir)?;
+        self.index_left(w, dir)?;
         self.put_inode(w, id, &item)?;
         self.add_name(w, dir, name, id, kind, now)?;
         Ok(id)
@@ -804,10 +818,23 @@ mod tests {
             gid: 0,
             rdev: 0,
         };
-        let e = t.fs().create(root, b"b", new).unwrap_err();
+        let fs = t.fs();
+        let e = fs.create(root, b"b", new).unwrap_err();
         assert!(matches!(e, Error::Corrupt(_)), "{e:?}");
         assert!(e.to_string().contains("index u64::MAX"), "{e}");
-        assert!(t.fs().aborted().is_none());
+        // Nor does a name come in by rename or link; none of it changed
+        // anything.
+        let sub = fs.mkdir(root, b"sub", 0o755, 0, 0);
+        assert!(sub.is_err(), "{sub:?}");
+        let a = fs.lookup(root, b"a").unwrap().id;
+        let e = fs.link(a, root, b"a2").unwrap_err();
+        assert!(e.to_string().contains("index u64::MAX"), "{e}");
+        let e = fs.rename(root, b"a", root, b"a3", 0).unwrap_err();
+        assert!(e.to_string().contains("index u64::MAX"), "{e}");
+        assert!(fs.aborted().is_none());
+        // Names still go.
+        fs.unlink(root, b"a").unwrap();
+        assert!(fs.aborted().is_none());
     }
 
     #[test]

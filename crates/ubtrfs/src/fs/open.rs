@@ -340,9 +340,15 @@ impl Filesystem {
             .ok_or_else(|| {
                 Error::NotFound(format!("inode {} in subvolume {}", id.ino, id.subvol))
             })?;
-        let inode = InodeItem::parse(item.data())?;
-        // Linux sizes files in a signed 64-bit offset; a size beyond it
-        // is damage, and would overflow the sector arithmetic.
+        InodeItem::parse(item.data())
+    }
+
+    /// [`Filesystem::inode_item`] of a file whose data is to be changed:
+    /// Linux sizes files in a signed 64-bit offset, and a size beyond it
+    /// (damage) would overflow the sector arithmetic of writes, truncates
+    /// and clones. Such a file is still listed, read and deleted.
+    pub(crate) fn inode_item_for_data(&self, id: InodeId) -> Result<InodeItem> {
+        let inode = self.inode_item(id)?;
         if inode.size > i64::MAX as u64 {
             return Err(Error::corrupt(format!(
                 "inode {} in subvolume {} has size {}, past the largest file size",

@@ -43,6 +43,7 @@ impl Filesystem {
         self.change("subvolume create", || {
             let mut w = self.writer()?;
             self.check_new_link(&w, dir, name)?;
+            self.index_left(&mut w, dir)?;
             let transid = w.blocks.transid;
             let id = self.next_subvol_id()?;
             let now = Timespec::now();
@@ -128,6 +129,7 @@ impl Filesystem {
             }
             let mut w = self.writer()?;
             self.check_new_link(&w, dir, name)?;
+            self.index_left(&mut w, dir)?;
             let (_, src_item) = self
                 .find_root(source)?
                 .ok_or_else(|| Error::NotFound(format!("subvolume {source}")))?;

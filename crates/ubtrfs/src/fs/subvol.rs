@@ -83,6 +83,30 @@ impl Filesystem {
         Ok(out)
     }
 
+    /// Where subvolume `id` is linked (its ROOT_BACKREF), if anywhere.
+    pub fn subvolume_link(&self, id: u64) -> Result<Option<SubvolInfo>> {
+        let Some(item) = self
+            .root_tree()
+            .items_of(id, ROOT_BACKREF_KEY)?
+            .next()
+            .transpose()?
+        else {
+            return Ok(None);
+        };
+        let rr = RootRef::parse(item.data())?;
+        let root = self.subvolume_root_item(id)?;
+        Ok(Some(SubvolInfo {
+            id,
+            parent: item.key().offset,
+            dirid: rr.dirid,
+            name: rr.name,
+            uuid: root.uuid,
+            parent_uuid: root.parent_uuid,
+            readonly: root.flags & ROOT_SUBVOL_RDONLY != 0,
+            generation: root.generation,
+        }))
+    }
+
     /// The path of subvolume `id` from the top level (`a/b/vol`), through
     /// its link and the links of the subvolumes above it; `all` is
     /// [`Filesystem::subvolumes`].
@@ -199,19 +223,27 @@ impl Filesystem {
 
 impl Filesystem {
     /// The root item of subvolume `subvol`: its flags, UUIDs, transids
-    /// and times (what `btrfs subvolume show` prints).
+    /// and times (what `btrfs subvolume show` prints). As in the kernel,
+    /// the fields after `generation_v2` count only if it equals
+    /// `generation` (an old kernel that wrote the item left them stale).
     pub fn subvolume_root_item(&self, subvol: u64) -> Result<crate::format::items::RootItem> {
-        self.find_root(subvol)?
+        let mut item = self
+            .find_root(subvol)?
             .map(|(_, item)| item)
-            .ok_or_else(|| Error::NotFound(format!("subvolume {subvol}")))
+            .ok_or_else(|| Error::NotFound(format!("subvolume {subvol}")))?;
+        if item.generation_v2 != item.generation {
+            let t = crate::format::items::Timespec::default();
+            (item.uuid, item.parent_uuid, item.received_uuid) = ([0; 16], [0; 16], [0; 16]);
+            (item.ctransid, item.otransid, item.stransid, item.rtransid) = (0, 0, 0, 0);
+            (item.ctime, item.otime, item.stime, item.rtime) = (t, t, t, t);
+        }
+        Ok(item)
     }
 
     /// What `btrfs receive` recorded of subvolume `subvol`: the UUID of
     /// the subvolume it was sent from, if it was received.
     pub fn received_uuid(&self, subvol: u64) -> Result<Option<[u8; 16]>> {
-        let (_, item) = self
-            .find_root(subvol)?
-            .ok_or_else(|| Error::NotFound(format!("subvolume {subvol}")))?;
+        let item = self.subvolume_root_item(subvol)?;
         Ok(Some(item.received_uuid).filter(|u| *u != [0; 16]))
     }
 
@@ -239,9 +271,17 @@ impl Filesystem {
                 return Err(Error::ReadOnly(format!("subvolume {subvol} is read-only")));
             }
             let (key, mut data) = self.root_item_bytes(subvol)?;
-            if data.len() < super::snapshot::ROOT_ITEM_SIZE {
-                // An old, short root item: the fields come after it.
-                data.resize(super::snapshot::ROOT_ITEM_SIZE, 0);
+            let item = self.subvolume_root_item(subvol)?;
+            if data.len() < super::snapshot::ROOT_ITEM_SIZE || item.generation_v2 != item.generation
+            {
+                // An old root item has no receive fields that count (nor
+                // a UUID of its own): nothing to forget, nothing to record.
+                if uuid == [0; 16] {
+                    return Ok((w.blocks.transid, crate::format::items::Timespec::now()));
+                }
+                return Err(Error::Unsupported(format!(
+                    "subvolume {subvol} has an old-format root item without receive fields"
+                )));
             }
             let old: [u8; 16] = data[279..295].try_into().unwrap_or_default();
             let now = crate::format::items::Timespec::now();

@@ -534,7 +534,7 @@ impl Filesystem {
         };
         let geo = self.geometry();
         let ss = geo.sectorsize as u64;
-        let end = item.size.div_ceil(ss) * ss;
+        let end = item.size.div_ceil(ss).saturating_mul(ss);
         let transid = w.blocks.transid;
         let leaves = cur.leaves(
             Key::new(id.ino, EXTENT_DATA_KEY, 0),

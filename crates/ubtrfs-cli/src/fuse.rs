@@ -473,6 +473,28 @@ impl FuseFs {
 /// One directory entry for readdir: (cookie, name, inode, kind).
 type Listed = (u64, Vec<u8>, InodeId, FileKind);
 
+/// The attributes of a readdirplus entry given without them (node id 0):
+/// only its number and kind count.
+fn plain_entry_attr() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: std::time::UNIX_EPOCH,
+        mtime: std::time::UNIX_EPOCH,
+        ctime: std::time::UNIX_EPOCH,
+        crtime: std::time::UNIX_EPOCH,
+        kind: fuser::FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
+    }
+}
+
 /// See the module documentation.
 fn to_fuse(root: InodeId, id: InodeId) -> Result<INodeNo, Errno> {
     if id == root {
@@ -948,8 +970,26 @@ impl FuseFs {
                 self.inode_of(ino),
                 offset,
                 64,
-                |(cookie, name, id, _)| {
-                    let (attr, generation) = self.entry_uncounted(&fs.stat(id).map_err(errno)?)?;
+                |(cookie, name, id, kind)| {
+                    let Ok(st) = fs.stat(id) else {
+                        // Its inode cannot be read (damage): a plain entry
+                        // (node id 0), so the rest of the listing is not
+                        // lost; a lookup of it says what is wrong.
+                        let attr = FileAttr {
+                            ino: self.to_fuse(id)?,
+                            kind: file_type(kind),
+                            ..plain_entry_attr()
+                        };
+                        return Ok(reply.add(
+                            INodeNo(0),
+                            cookie,
+                            OsStr::from_bytes(&name),
+                            &Duration::ZERO,
+                            &attr,
+                            Generation(0),
+                        ));
+                    };
+                    let (attr, generation) = self.entry_uncounted(&st)?;
                     let full = reply.add(
                         attr.ino,
                         cookie,

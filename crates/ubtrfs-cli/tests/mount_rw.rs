@@ -758,6 +758,78 @@ fn a_failed_commit_stops_all_changes() {
     k.unmount().unwrap();
 }
 
+/// A directory entry whose inode cannot be read (the key of its inode
+/// item damaged): the listing still shows every name (that one without
+/// attributes), the others read as before, and only that one fails.
+#[test]
+fn a_damaged_inode_spoils_only_its_own_entry() {
+    require_privileged!();
+    let t = TestDir::new("mount-rw-damaged-inode").unwrap();
+    let img = new_image(&t);
+    let m = RwMount::start(&img, &t.join("fuse"), &NO_TIMER);
+    fs::create_dir(m.path().join("d")).unwrap();
+    for n in ["a", "b", "c"] {
+        fs::write(m.path().join("d").join(n), n).unwrap();
+    }
+    m.unmount_cleanly();
+    // The inode item of d/b becomes a key of type 0, in every copy.
+    {
+        let fs = ubtrfs::fs::Filesystem::open(&[&img]).unwrap();
+        let ino = fs.resolve_path(b"/d/b").unwrap().ino;
+        let dump = run(command("btrfs")
+            .args(["inspect-internal", "dump-tree", "-t", "fs"])
+            .arg(&img))
+        .unwrap();
+        let mut leaf = None;
+        for line in dump.lines() {
+            let w: Vec<&str> = line.split_whitespace().collect();
+            if w.first() == Some(&"leaf") {
+                leaf = w.get(1).and_then(|a| a.parse::<u64>().ok());
+            }
+            if line.contains(&format!("key ({ino} INODE_ITEM 0)")) {
+                break;
+            }
+        }
+        let leaf = leaf.expect("the leaf of the inode item");
+        let nodesize = fs.geometry().nodesize as usize;
+        let chunk = fs.tree_reader().volume().chunks.lookup(leaf).unwrap();
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&img)
+            .unwrap();
+        for mirror in 0..chunk.num_copies() {
+            let at = chunk.map(leaf, 1, mirror).unwrap().physical;
+            let mut b = vec![0u8; nodesize];
+            std::os::unix::fs::FileExt::read_exact_at(&f, &mut b, at).unwrap();
+            let nritems = u32::from_le_bytes(b[0x60..0x64].try_into().unwrap()) as usize;
+            let slot = (0..nritems)
+                .map(|i| 0x65 + i * 25)
+                .find(|&o| {
+                    u64::from_le_bytes(b[o..o + 8].try_into().unwrap()) == ino && b[o + 8] == 1
+                })
+                .expect("the inode item is in the leaf");
+            assert!(slot > 0x65, "the inode item is the leaf's first");
+            b[slot + 8] = 0;
+            let sum = ubtrfs::format::csum::CsumType::Crc32c.compute(&b[32..]);
+            b[..32].copy_from_slice(&sum);
+            std::os::unix::fs::FileExt::write_all_at(&f, &b, at).unwrap();
+        }
+    }
+    let m = RwMount::start(&img, &t.join("fuse"), &["--ro"]);
+    let d = m.path().join("d");
+    let mut names: Vec<String> = fs::read_dir(&d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["a", "b", "c"]);
+    assert_eq!(fs::read(d.join("a")).unwrap(), b"a");
+    assert_eq!(fs::read(d.join("c")).unwrap(), b"c");
+    assert!(fs::metadata(d.join("b")).is_err());
+    m.unmount_cleanly();
+}
+
 #[test]
 fn read_only_mounts_refuse_changes() {
     require_privileged!();

@@ -473,28 +473,6 @@ impl FuseFs {
 /// One directory entry for readdir: (cookie, name, inode, kind).
 type Listed = (u64, Vec<u8>, InodeId, FileKind);
 
-/// The attributes of a readdirplus entry given without them (node id 0):
-/// only its number and kind count.
-fn plain_entry_attr() -> FileAttr {
-    FileAttr {
-        ino: INodeNo(0),
-        size: 0,
-        blocks: 0,
-        atime: std::time::UNIX_EPOCH,
-        mtime: std::time::UNIX_EPOCH,
-        ctime: std::time::UNIX_EPOCH,
-        crtime: std::time::UNIX_EPOCH,
-        kind: fuser::FileType::RegularFile,
-        perm: 0,
-        nlink: 0,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        blksize: 0,
-        flags: 0,
-    }
-}
-
 /// See the module documentation.
 fn to_fuse(root: InodeId, id: InodeId) -> Result<INodeNo, Errno> {
     if id == root {
@@ -978,7 +956,7 @@ impl FuseFs {
                         let attr = FileAttr {
                             ino: self.to_fuse(id)?,
                             kind: file_type(kind),
-                            ..plain_entry_attr()
+                            ..write::deleted_file(INodeNo(0))
                         };
                         return Ok(reply.add(
                             INodeNo(0),

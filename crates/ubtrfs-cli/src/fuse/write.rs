@@ -312,8 +312,9 @@ impl FuseFs {
 }
 
 /// The attributes answered for a regular file the library has deleted:
-/// no names, nothing in it.
-fn deleted_file(ino: INodeNo) -> FileAttr {
+/// no names, nothing in it (also the blank of an entry listed without
+/// attributes).
+pub(super) fn deleted_file(ino: INodeNo) -> FileAttr {
     FileAttr {
         ino,
         size: 0,

@@ -203,15 +203,7 @@ impl Filesystem {
             let r =
                 self.rename_locked(old_dir, old_name, new_dir, new_name, flags, hold, &mut held);
             if let (Err(_), Some(id)) = (&r, held) {
-                // The caller gets the error and holds nothing (an orphan left
-                // behind goes at the next mount).
-                if crate::transaction::abort::is_whole() {
-                    let _ = self.release_inode(id);
-                } else {
-                    // Stopped half-way (it aborts): only the count goes,
-                    // nothing may change on top of the half change.
-                    let _ = self.close_inode(id);
-                }
+                self.release_after_failure(id);
             }
             r.map(|()| held)
         })

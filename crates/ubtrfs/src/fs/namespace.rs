@@ -523,15 +523,7 @@ impl Filesystem {
             let r = self.drop_unlinked(&mut w, target, last, now);
             drop(w);
             if let (Err(_), Some(id)) = (&r, held) {
-                // The caller gets the error and holds nothing: let go as it
-                // would have (an orphan left behind goes at the next mount).
-                if crate::transaction::abort::is_whole() {
-                    let _ = self.release_inode(id);
-                } else {
-                    // Stopped half-way (it aborts): only the count goes,
-                    // nothing may change on top of the half change.
-                    let _ = self.close_inode(id);
-                }
+                self.release_after_failure(id);
             }
             r.map(|()| held)
         })
@@ -615,6 +607,18 @@ impl Filesystem {
     /// its last name goes.
     pub fn hold_inode(&self, id: InodeId) {
         *self.open_inodes().users.entry(id).or_insert(0) += 1;
+    }
+
+    /// Let go of `id`, held for an operation that failed: the caller gets
+    /// the error and holds nothing (an orphan left behind goes at the next
+    /// mount). After a failure half-way (it aborts) only the count goes:
+    /// nothing may change on top of the half change.
+    pub(crate) fn release_after_failure(&self, id: InodeId) {
+        if crate::transaction::abort::is_whole() {
+            let _ = self.release_inode(id);
+        } else {
+            let _ = self.close_inode(id);
+        }
     }
 
     /// The user of `id` is done; an orphaned inode is deleted now.

@@ -334,6 +334,8 @@ impl Filesystem {
             // Ids with the same UUID share one item.
             ed.edit(root, &key, |items| {
                 match items.binary_search_by(|(k, _)| k.cmp(&key)) {
+                    // Listed already (the kernel adds an id once).
+                    Ok(pos) if items[pos].1.chunks_exact(8).any(|c| c == id.to_le_bytes()) => {}
                     Ok(pos) => items[pos].1.extend_from_slice(&id.to_le_bytes()),
                     Err(pos) => items.insert(pos, (key, id.to_le_bytes().to_vec())),
                 }

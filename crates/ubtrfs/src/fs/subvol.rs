@@ -347,4 +347,72 @@ mod tests {
             Err(Error::Corrupt(_))
         ));
     }
+
+    /// Subvolumes the UUID tree lists under `uuid` as received.
+    fn received_ids(fs: &Filesystem, uuid: &[u8; 16]) -> Vec<u64> {
+        let lo = u64::from_le_bytes(uuid[..8].try_into().unwrap());
+        let hi = u64::from_le_bytes(uuid[8..].try_into().unwrap());
+        let key = Key::new(lo, UUID_KEY_RECEIVED_SUBVOL, hi);
+        match fs
+            .tree_by_id(UUID_TREE_OBJECTID)
+            .unwrap()
+            .get(&key)
+            .unwrap()
+        {
+            Some(it) => it
+                .data()
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Recording a receive, as `btrfs receive` does at its end: the root
+    /// item and the UUID tree (each id once), then forgetting it; the
+    /// kernel's checker agrees at each step.
+    #[test]
+    fn a_receive_is_recorded_and_forgotten() {
+        let t = TestFs::new();
+        let fs = t.fs();
+        let vol = fs.create_subvolume(fs.root(), b"vol", 0, 0).unwrap().subvol;
+        let uuid = [0xab; 16];
+        let stime = crate::format::items::Timespec { sec: 1234, nsec: 5 };
+        let (rtransid, _) = fs.set_received(vol, uuid, 77, stime).unwrap();
+        // Again: the UUID tree still lists it once.
+        fs.set_received(vol, uuid, 77, stime).unwrap();
+        let item = fs.subvolume_root_item(vol).unwrap();
+        assert_eq!(
+            (item.received_uuid, item.stransid, item.stime),
+            (uuid, 77, stime)
+        );
+        assert!(item.rtransid >= rtransid);
+        assert_eq!(fs.received_uuid(vol).unwrap(), Some(uuid));
+        assert_eq!(received_ids(fs, &uuid), [vol]);
+        {
+            let mut w = fs.lock_writer().unwrap();
+            fs.add_uuid(&mut w, &uuid, UUID_KEY_RECEIVED_SUBVOL, vol)
+                .unwrap();
+            fs.commit_locked(&mut w).unwrap();
+        }
+        assert_eq!(received_ids(fs, &uuid), [vol]);
+        if let Err(e) = testkit::btrfs_check_file(t.image(), &[]) {
+            panic!("received: {e:#}");
+        }
+        // Read-only: refused, as in the kernel.
+        fs.set_subvolume_readonly(vol, true).unwrap();
+        let e = fs
+            .set_received(vol, [0; 16], 0, Default::default())
+            .unwrap_err();
+        assert_eq!(e.errno(), libc::EROFS, "{e}");
+        fs.set_subvolume_readonly(vol, false).unwrap();
+        fs.set_received(vol, [0; 16], 0, Default::default())
+            .unwrap();
+        assert_eq!(fs.received_uuid(vol).unwrap(), None);
+        assert!(received_ids(fs, &uuid).is_empty());
+        assert!(fs.aborted().is_none());
+        if let Err(e) = testkit::btrfs_check_file(t.image(), &[]) {
+            panic!("forgotten: {e:#}");
+        }
+    }
 }

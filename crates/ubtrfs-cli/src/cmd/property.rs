@@ -41,7 +41,7 @@ pub struct GetArgs {
 /// Arguments of `property set`.
 #[derive(clap::Args, Debug)]
 #[command(
-    override_usage = "ubtrfs property set <PATH> ro <true|false>\n       ubtrfs property set <DEV>... <PATH> ro <true|false>",
+    override_usage = "ubtrfs property set [-f] <PATH> ro <true|false>\n       ubtrfs property set [-f] <DEV>... <PATH> ro <true|false>",
     after_help = "\
 Makes the subvolume or snapshot at PATH read-only (ro true) or writable \
 (ro false), and commits. In a mount, as in the kernel, its owner or root \

@@ -949,7 +949,11 @@ impl FuseFs {
                 offset,
                 64,
                 |(cookie, name, id, kind)| {
-                    let Ok(st) = fs.stat(id) else {
+                    let st = fs.stat(id);
+                    if let Err(e) = &st {
+                        tracing::debug!("listing {}: inode {} unreadable: {e}", ino.0, id.ino);
+                    }
+                    let Ok(st) = st else {
                         // Its inode cannot be read (damage): a plain entry
                         // (node id 0), so the rest of the listing is not
                         // lost; a lookup of it says what is wrong.

@@ -501,7 +501,11 @@ fn serve(
             // Unmounted the moment it was mounted, before the kernel's
             // first request: nothing was served, nothing changed since
             // the open, and the mount ends as after any unmount.
-            Err(e) if e.kind() == std::io::ErrorKind::NotConnected => {
+            // (fuser's own error, without an OS code: a real ENOTCONN, a
+            // dead mount above the mountpoint, is a failure.)
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotConnected && e.raw_os_error().is_none() =>
+            {
                 tracing::info!("unmounted before the first request: {e}");
                 served
                     .commit("last")

@@ -182,6 +182,22 @@ impl Error {
         }
     }
 
+    /// The message with the errors under it (an I/O error's own message
+    /// says only its device), each once.
+    pub fn with_causes(&self) -> String {
+        let mut msg = self.to_string();
+        let mut cause = std::error::Error::source(self);
+        while let Some(c) = cause {
+            let text = c.to_string();
+            if !msg.ends_with(&text) {
+                msg.push_str(": ");
+                msg.push_str(&text);
+            }
+            cause = c.source();
+        }
+        msg
+    }
+
     /// Whether this error came after its operation began to change the
     /// filesystem, which may be half changed.
     pub fn is_after_change(&self) -> bool {

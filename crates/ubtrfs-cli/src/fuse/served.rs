@@ -341,7 +341,7 @@ impl Served {
     /// Log a failed commit or fsync and close the filesystem to changes;
     /// called under the exclusive lock.
     fn failed(&self, why: &str, e: &ubtrfs::Error) -> Errno {
-        let msg = error_text(e);
+        let msg = e.with_causes();
         tracing::error!(
             "{why} failed: {msg}; the filesystem takes no more changes, and those since the last commit are lost"
         );
@@ -464,7 +464,7 @@ impl Served {
                         Ok(())
                     }
                     Err(e) => {
-                        let msg = error_text(&e);
+                        let msg = e.with_causes();
                         self.fail(msg.clone());
                         Err(format!(
                             "the final commit failed: {msg}; changes made after the last successful commit are lost"
@@ -474,19 +474,4 @@ impl Served {
             })
             .clone()
     }
-}
-
-/// A library error and its causes on one line.
-fn error_text(e: &ubtrfs::Error) -> String {
-    let mut msg = e.to_string();
-    let mut cause = std::error::Error::source(e);
-    while let Some(c) = cause {
-        let text = c.to_string();
-        if !msg.ends_with(&text) {
-            msg.push_str(": ");
-            msg.push_str(&text);
-        }
-        cause = c.source();
-    }
-    msg
 }

@@ -327,9 +327,7 @@ impl Filesystem {
         if self.root_ptr(UUID_TREE_OBJECTID)?.is_none() {
             return Ok(());
         }
-        let lo = u64::from_le_bytes(uuid[..8].try_into().unwrap_or_default());
-        let hi = u64::from_le_bytes(uuid[8..].try_into().unwrap_or_default());
-        let key = Key::new(lo, kind, hi);
+        let key = uuid_key(uuid, kind);
         self.modify_tree(w, UUID_TREE_OBJECTID, |ed, root| {
             // Ids with the same UUID share one item.
             ed.edit(root, &key, |items| {
@@ -343,6 +341,14 @@ impl Filesystem {
             })
         })
     }
+}
+
+/// The UUID tree's key of `uuid` for `kind` (subvolume or received): its
+/// two halves, little-endian, as objectid and offset.
+pub(crate) fn uuid_key(uuid: &[u8; 16], kind: u8) -> Key {
+    let lo = u64::from_le_bytes(uuid[..8].try_into().unwrap_or_default());
+    let hi = u64::from_le_bytes(uuid[8..].try_into().unwrap_or_default());
+    Key::new(lo, kind, hi)
 }
 
 fn put64(b: &mut [u8], off: usize, v: u64) {

@@ -350,9 +350,7 @@ mod tests {
 
     /// Subvolumes the UUID tree lists under `uuid` as received.
     fn received_ids(fs: &Filesystem, uuid: &[u8; 16]) -> Vec<u64> {
-        let lo = u64::from_le_bytes(uuid[..8].try_into().unwrap());
-        let hi = u64::from_le_bytes(uuid[8..].try_into().unwrap());
-        let key = Key::new(lo, UUID_KEY_RECEIVED_SUBVOL, hi);
+        let key = crate::fs::snapshot::uuid_key(uuid, UUID_KEY_RECEIVED_SUBVOL);
         match fs
             .tree_by_id(UUID_TREE_OBJECTID)
             .unwrap()

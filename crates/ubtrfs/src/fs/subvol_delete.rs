@@ -317,9 +317,7 @@ impl Filesystem {
         if self.root_ptr(UUID_TREE_OBJECTID)?.is_none() {
             return Ok(());
         }
-        let lo = u64::from_le_bytes(uuid[..8].try_into().unwrap_or_default());
-        let hi = u64::from_le_bytes(uuid[8..].try_into().unwrap_or_default());
-        let key = Key::new(lo, kind, hi);
+        let key = super::snapshot::uuid_key(uuid, kind);
         if self.tree_by_id(UUID_TREE_OBJECTID)?.get(&key)?.is_none() {
             return Ok(());
         }

@@ -120,22 +120,6 @@ impl Drop for Depth<'_> {
     }
 }
 
-/// `e` with the errors under it (an I/O error says only its device).
-fn describe(e: &Error) -> String {
-    use std::error::Error as _;
-    let e = match e {
-        Error::AfterChange(inner) => inner,
-        e => e,
-    };
-    let mut text = e.to_string();
-    let mut under = e.source();
-    while let Some(u) = under {
-        text = format!("{text}: {u}");
-        under = u.source();
-    }
-    text
-}
-
 impl Filesystem {
     /// Run `f`, an operation that changes the filesystem (`what` names it
     /// for the message). If it fails after it began changing the running
@@ -180,7 +164,7 @@ impl Filesystem {
 
     /// Stop taking changes, for good: `what` failed half-way with `e`.
     fn abort(&self, what: &str, e: &Error) {
-        self.abort_because(what, describe(e));
+        self.abort_because(what, e.with_causes());
     }
 
     fn abort_because(&self, what: &str, why: String) {

@@ -22,6 +22,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub mod abort;
+pub mod quota;
 
 /// The transaction's source of tree blocks: the allocator and the
 /// reference changes it owes the extent tree.
@@ -598,6 +599,13 @@ impl Filesystem {
                 "writing a filesystem with mixed block groups".into(),
             ));
         }
+        // Simple quotas count through owner references on new extents,
+        // which ubtrfs does not write.
+        if sb.incompat_flags & INCOMPAT_SIMPLE_QUOTA != 0 {
+            return Err(Error::Unsupported(
+                "writing a filesystem with simple quotas (squota)".into(),
+            ));
+        }
         let missing = fs.warnings().iter().any(|w| w.contains("is missing"));
         if missing {
             return Err(Error::Devices(
@@ -906,6 +914,7 @@ impl Filesystem {
             log.discard(&mut w.blocks.alloc)?;
         }
         self.remove_groups(w, &unused)?;
+        self.mark_qgroups_inconsistent(w)?;
         self.settle(w)?;
         self.delalloc().drop_spares();
         self.write_out(w)?;

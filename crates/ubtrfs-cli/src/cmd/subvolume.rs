@@ -276,7 +276,6 @@ fn send(dir: &std::fs::File, request: &SubvolRequest) -> Result<()> {
             (SubvolRequest::Destroy { .. }, libc::EPERM) => {
                 "the top-level and the default subvolume are never deleted"
             }
-            (SubvolRequest::Destroy { .. }, libc::EOPNOTSUPP) => "quotas are enabled",
             (SubvolRequest::Destroy { .. }, libc::ENOTEMPTY) => "it holds other subvolumes",
             (_, libc::EEXIST) => "the name exists",
             (_, libc::ENOTTY) => "the mount is too old to answer subvolume requests",

@@ -105,6 +105,7 @@ impl Filesystem {
                 ed.insert(r, Key::new(id, ROOT_ITEM_KEY, 0), item)
             })?;
             w.blocks.last_snapshot.insert(id, 0);
+            self.add_qgroup(&mut w, id, None)?;
             self.link_subvol(&mut w, dir, name, id, 0, &uuid, now)?;
             Ok(InodeId {
                 subvol: id,
@@ -212,6 +213,7 @@ impl Filesystem {
                 })?;
                 w.blocks.last_snapshot.insert(source, transid);
                 w.blocks.last_snapshot.insert(id, transid);
+                self.add_qgroup(&mut w, id, Some(source))?;
                 self.link_subvol(&mut w, dir, name, id, u64::MAX, &uuid, now)?;
                 if received != [0; 16] {
                     self.add_uuid(&mut w, &received, UUID_KEY_RECEIVED_SUBVOL, id)?;
@@ -235,11 +237,6 @@ impl Filesystem {
         self.writable_dir(dir)?;
         w.check_writable(dir.subvol)?;
         self.check_not_deleted(dir.subvol)?;
-        if self.root_ptr(QUOTA_TREE_OBJECTID)?.is_some() {
-            return Err(Error::Unsupported(
-                "creating subvolumes with quotas enabled".into(),
-            ));
-        }
         match self.lookup(dir, name) {
             Ok(_) => Err(Error::Exists(String::from_utf8_lossy(name).into_owned())),
             Err(Error::NotFound(_)) => Ok(()),

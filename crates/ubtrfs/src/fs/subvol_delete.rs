@@ -56,11 +56,6 @@ impl Filesystem {
                     shown()
                 )));
             }
-            if self.root_ptr(QUOTA_TREE_OBJECTID)?.is_some() {
-                return Err(Error::Unsupported(
-                    "deleting subvolumes with quotas enabled".into(),
-                ));
-            }
             let nested = self
                 .root_tree()
                 .items_of(id, ROOT_REF_KEY)?

@@ -774,6 +774,10 @@ impl FuseFs {
             if writing && fs.subvolume_readonly(id.subvol).map_err(errno)? {
                 return Err(Errno::EROFS);
             }
+            // As in the kernel: an fs-verity file is never opened for writing.
+            if writing && st.flags & ubtrfs::format::consts::INODE_RO_VERITY != 0 {
+                return Err(Errno::EPERM);
+            }
             Ok(st)
         });
         match found {

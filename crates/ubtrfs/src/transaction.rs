@@ -599,6 +599,12 @@ impl Filesystem {
                 "writing a filesystem with mixed block groups".into(),
             ));
         }
+        let unknown_ro = sb.compat_ro_flags & !COMPAT_RO_SUPPORTED;
+        if unknown_ro != 0 {
+            return Err(Error::Unsupported(format!(
+                "writing a filesystem with read-only-compatible feature flags {unknown_ro:#x}"
+            )));
+        }
         // Simple quotas count through owner references on new extents,
         // which ubtrfs does not write.
         if sb.incompat_flags & INCOMPAT_SIMPLE_QUOTA != 0 {

@@ -876,6 +876,35 @@ fn superblock_generation_at_its_end_is_corrupt() {
     );
 }
 
+/// A read-only-compatible feature flag this version does not know (a
+/// newer kernel's): the filesystem is read, and writing it is refused by
+/// name, as the kernel refuses a read-write mount.
+#[test]
+fn unknown_read_only_feature_is_read_not_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let (img, ex) = single_image(dir.path(), "single", "single", 128 * MIB);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&img)
+        .unwrap();
+    for at in [0x1_0000u64, 0x400_0000] {
+        let mut b = vec![0u8; 4096];
+        f.read_exact_at(&mut b, at).unwrap();
+        let flags = u64::from_le_bytes(b[0xb4..0xbc].try_into().unwrap()) | 1 << 10;
+        b[0xb4..0xbc].copy_from_slice(&flags.to_le_bytes());
+        let sum = crc32c::crc32c(&b[32..]);
+        b[..4].copy_from_slice(&sum.to_le_bytes());
+        f.write_all_at(&b, at).unwrap();
+    }
+    let e = Filesystem::open_read_write(&[&img])
+        .err()
+        .expect("opened for writing");
+    assert!(matches!(e, Error::Unsupported(_)), "{e}");
+    assert!(e.to_string().contains("0x400"), "{e}");
+    check_all(&open(&[&img]), &ex);
+}
+
 #[test]
 fn symlink_longer_than_a_sector_is_corrupt() {
     let dir = tempfile::tempdir().unwrap();

@@ -81,8 +81,8 @@ impl Filesystem {
         len: u64,
     ) -> Result<()> {
         let ss = self.geometry().sectorsize as u64;
-        let si = clone_file(self, src, "source")?;
-        let di = clone_file(self, dst, "destination")?;
+        let si = clone_file(self, src, false)?;
+        let di = clone_file(self, dst, true)?;
         if (si.flags ^ di.flags) & INODE_NODATASUM != 0 {
             return Err(Error::Invalid(format!(
                 "clone from inode {} to inode {}: one keeps data checksums and the other does not",
@@ -315,10 +315,14 @@ impl Filesystem {
     }
 }
 
-/// The inode item of `id`, which must be a regular file (`what` names it
-/// in errors).
-fn clone_file(fs: &Filesystem, id: InodeId, what: &str) -> Result<InodeItem> {
-    let item = fs.inode_item_for_data(id)?;
+/// The inode item of `id`, which must be a regular file, and one whose
+/// data may change if it is the destination (`dst`).
+fn clone_file(fs: &Filesystem, id: InodeId, dst: bool) -> Result<InodeItem> {
+    let (item, what) = if dst {
+        (fs.inode_item_to_change(id)?, "destination")
+    } else {
+        (fs.inode_item_for_data(id)?, "source")
+    };
     match FileKind::from_mode(item.mode) {
         Some(FileKind::File) => Ok(item),
         Some(FileKind::Dir) => Err(Error::IsDir(format!(

@@ -194,7 +194,7 @@ impl Filesystem {
 
     /// The inode item of `id`, which must be a regular file.
     fn regular_file(&self, id: InodeId) -> Result<crate::format::items::InodeItem> {
-        let inode = self.inode_item_for_data(id)?;
+        let inode = self.inode_item_to_change(id)?;
         match FileKind::from_mode(inode.mode) {
             Some(FileKind::File) => Ok(inode),
             Some(FileKind::Dir) => Err(Error::IsDir(format!("inode {}", id.ino))),

@@ -79,7 +79,7 @@ impl Filesystem {
             }
             let mut w = self.writer()?;
             w.check_writable(id.subvol)?;
-            let inode = self.inode_item_for_data(id)?;
+            let inode = self.inode_item_to_change(id)?;
             match FileKind::from_mode(inode.mode) {
                 Some(FileKind::File) => {}
                 Some(FileKind::Dir) => return Err(Error::IsDir(format!("inode {}", id.ino))),

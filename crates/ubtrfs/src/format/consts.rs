@@ -144,6 +144,12 @@ pub const COMPAT_RO_FREE_SPACE_TREE: u64 = 1 << 0;
 pub const COMPAT_RO_FREE_SPACE_TREE_VALID: u64 = 1 << 1;
 pub const COMPAT_RO_VERITY: u64 = 1 << 2;
 pub const COMPAT_RO_BLOCK_GROUP_TREE: u64 = 1 << 3;
+/// Read-only-compatible features ubtrfs writes as the kernel does: any
+/// other flag (a newer kernel's) lets it read, not write.
+pub const COMPAT_RO_SUPPORTED: u64 = COMPAT_RO_FREE_SPACE_TREE
+    | COMPAT_RO_FREE_SPACE_TREE_VALID
+    | COMPAT_RO_VERITY
+    | COMPAT_RO_BLOCK_GROUP_TREE;
 
 // Tree block header flags.
 pub const HEADER_FLAG_WRITTEN: u64 = 1 << 0;
@@ -184,6 +190,9 @@ pub const INODE_NODUMP: u64 = 1 << 8;
 pub const INODE_NOATIME: u64 = 1 << 9;
 pub const INODE_DIRSYNC: u64 = 1 << 10;
 pub const INODE_COMPRESS: u64 = 1 << 11;
+/// Inode flag (of the upper, read-only-compatible half): an fs-verity
+/// file, whose data never changes.
+pub const INODE_RO_VERITY: u64 = 1 << 32;
 
 // Root item flags.
 pub const ROOT_SUBVOL_RDONLY: u64 = 1 << 0;

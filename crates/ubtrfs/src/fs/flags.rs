@@ -64,3 +64,67 @@ impl Filesystem {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::Error;
+    use crate::format::Key;
+    use crate::format::consts::*;
+    use crate::test_fs::TestFs;
+
+    /// An fs-verity file (flag and Merkle items as the kernel leaves them;
+    /// this kernel may lack fs-verity) is read, cloned from and deleted,
+    /// never changed.
+    #[test]
+    fn a_verity_file_keeps_its_data() {
+        let t = TestFs::new();
+        let fs = t.fs();
+        let data = vec![7u8; 20_000];
+        let v = t.file(b"v", &data);
+        let other = t.file(b"other", &vec![1u8; 8192]);
+        let mut inode = t.inode(v);
+        inode.flags |= INODE_RO_VERITY;
+        t.put(
+            v.subvol,
+            Key::new(v.ino, INODE_ITEM_KEY, 0),
+            inode.to_bytes(),
+        );
+        t.put(
+            v.subvol,
+            Key::new(v.ino, VERITY_DESC_ITEM_KEY, 0),
+            vec![0u8; 64],
+        );
+        t.put(
+            v.subvol,
+            Key::new(v.ino, VERITY_MERKLE_ITEM_KEY, 0),
+            vec![0u8; 4096],
+        );
+        fs.commit().unwrap();
+        let refused = |r: crate::Result<()>, what: &str| match r {
+            Err(Error::NotPermitted(m)) => assert!(m.contains("fs-verity"), "{what}: {m}"),
+            other => panic!("{what}: {other:?}"),
+        };
+        refused(fs.write(v, 0, b"x").map(|_| ()), "write");
+        refused(fs.write(v, 20_000, b"x").map(|_| ()), "append");
+        refused(fs.truncate(v, 100), "truncate");
+        refused(fs.fallocate(v, 0, 0, 100_000), "fallocate");
+        refused(fs.clone_range(other, 0, v, 0, 4096), "clone into it");
+        assert!(fs.aborted().is_none(), "a refusal is no abort");
+        fs.clone_range(v, 0, other, 0, 4096).unwrap();
+        assert_eq!(fs.read(v, 0, 30_000).unwrap(), data);
+        assert_eq!(fs.read(other, 0, 4096).unwrap(), vec![7u8; 4096]);
+        // Other flags change and leave it a verity file.
+        fs.set_flags(v, INODE_NOATIME).unwrap();
+        assert_ne!(t.inode(v).flags & INODE_RO_VERITY, 0);
+        // Deleted with its Merkle items.
+        fs.unlink(fs.root(), b"v").unwrap();
+        fs.commit().unwrap();
+        let tree = fs.fs_tree(v.subvol).unwrap();
+        let left: Vec<Key> = tree
+            .range(Key::new(v.ino, 0, 0), Key::new(v.ino, u8::MAX, u64::MAX))
+            .unwrap()
+            .map(|it| it.unwrap().key())
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+}

@@ -343,16 +343,31 @@ impl Filesystem {
         InodeItem::parse(item.data())
     }
 
-    /// [`Filesystem::inode_item`] of a file whose data is to be changed:
-    /// Linux sizes files in a signed 64-bit offset, and a size beyond it
-    /// (damage) would overflow the sector arithmetic of writes, truncates
-    /// and clones. Such a file is still listed, read and deleted.
+    /// [`Filesystem::inode_item`] of a file whose data is to be changed
+    /// or cloned: Linux sizes files in a signed 64-bit offset, and a size
+    /// beyond it (damage) would overflow the sector arithmetic of writes,
+    /// truncates and clones. Such a file is still listed, read and deleted.
     pub(crate) fn inode_item_for_data(&self, id: InodeId) -> Result<InodeItem> {
         let inode = self.inode_item(id)?;
         if inode.size > i64::MAX as u64 {
             return Err(Error::corrupt(format!(
                 "inode {} in subvolume {} has size {}, past the largest file size",
                 id.ino, id.subvol, inode.size
+            )));
+        }
+        Ok(inode)
+    }
+
+    /// [`Filesystem::inode_item_for_data`] of a file whose data is to be
+    /// changed (written, truncated, cloned into): the kernel never changes
+    /// an fs-verity file's data, as its Merkle tree (VERITY items) would
+    /// no longer match and reads would fail.
+    pub(crate) fn inode_item_to_change(&self, id: InodeId) -> Result<InodeItem> {
+        let inode = self.inode_item_for_data(id)?;
+        if inode.flags & INODE_RO_VERITY != 0 {
+            return Err(Error::NotPermitted(format!(
+                "inode {} in subvolume {} is an fs-verity file: its data never changes",
+                id.ino, id.subvol
             )));
         }
         Ok(inode)

@@ -774,8 +774,14 @@ impl FuseFs {
             if writing && fs.subvolume_readonly(id.subvol).map_err(errno)? {
                 return Err(Errno::EROFS);
             }
-            // As in the kernel: an fs-verity file is never opened for writing.
-            if writing && st.flags & ubtrfs::format::consts::INODE_RO_VERITY != 0 {
+            // As in the kernel: an fs-verity or immutable file is never
+            // opened for writing, an append-only one only to append (the
+            // FUSE kernel leaves these checks to the filesystem).
+            use ubtrfs::format::consts::{INODE_APPEND, INODE_IMMUTABLE, INODE_RO_VERITY};
+            if writing && st.flags & (INODE_RO_VERITY | INODE_IMMUTABLE) != 0 {
+                return Err(Errno::EPERM);
+            }
+            if writing && st.flags & INODE_APPEND != 0 && flags.0 & libc::O_APPEND == 0 {
                 return Err(Errno::EPERM);
             }
             Ok(st)
@@ -1971,9 +1977,18 @@ pub const BTRFS_IOC_SYNC: u32 = 0x9408;
 /// `FS_IOC_FSGETXATTR` (struct fsxattr, 28 bytes).
 const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
 
-/// The `fsx_xflags` for btrfs inode flags (only no-dump and no-atime apply).
+/// The `fsx_xflags` for btrfs inode flags (immutable, append-only, no-dump
+/// and no-atime apply).
 fn to_xflags(flags: u64) -> u32 {
     let mut x = 0;
+    // The kernel compares these with a change to let only
+    // CAP_LINUX_IMMUTABLE switch them.
+    if flags & ubtrfs::format::consts::INODE_IMMUTABLE != 0 {
+        x |= 0x08;
+    }
+    if flags & ubtrfs::format::consts::INODE_APPEND != 0 {
+        x |= 0x10;
+    }
     if flags & ubtrfs::format::consts::INODE_NODUMP != 0 {
         x |= 0x80;
     }
@@ -1984,7 +1999,9 @@ fn to_xflags(flags: u64) -> u32 {
 }
 
 /// The `chattr` flags ubtrfs keeps, and their btrfs inode flags.
-const FS_FLAG_MAP: [(u32, u64); 5] = [
+const FS_FLAG_MAP: [(u32, u64); 7] = [
+    (0x0000_0010, ubtrfs::format::consts::INODE_IMMUTABLE), // i: immutable
+    (0x0000_0020, ubtrfs::format::consts::INODE_APPEND),    // a: append only
     (0x0080_0000, ubtrfs::format::consts::INODE_NODATACOW), // C: no copy-on-write
     (0x0000_0004, ubtrfs::format::consts::INODE_COMPRESS),  // c: compress
     (0x0000_0400, ubtrfs::format::consts::INODE_NOCOMPRESS), // m: no compression
@@ -2000,7 +2017,7 @@ fn to_fs_flags(flags: u64) -> u32 {
 }
 
 /// The btrfs flags for `chattr` flags, or `None` if one is not kept (such as
-/// immutable or append-only, which the library does not enforce yet).
+/// synchronous updates, which the library does not honour yet).
 fn from_fs_flags(wanted: u32) -> Option<u64> {
     let known = FS_FLAG_MAP.iter().fold(0, |a, (f, _)| a | f);
     // 0x8_0000 (extents) and 0x1000_0000 (inline data) are reported by other

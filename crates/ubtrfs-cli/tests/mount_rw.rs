@@ -1081,7 +1081,10 @@ fn chattr_and_lsattr() {
     assert!(!chattr("+C", &b), "no-COW on a file with data is refused");
     assert!(chattr("+c", &b));
     assert!(lsattr(&b).contains('c'));
-    assert!(!chattr("+i", &a), "immutable is not kept, so it is refused");
+    assert!(
+        !chattr("+S", &a),
+        "synchronous updates are not kept, so they are refused"
+    );
     m.unmount_cleanly();
     check_image(&img);
     let fs = ubtrfs::fs::Filesystem::open(&[&img]).unwrap();

@@ -16,7 +16,7 @@ use crate::alloc::delayed_ref::DataOwner;
 use crate::format::Key;
 use crate::format::consts::*;
 use crate::format::items::{ExtentBody, FileExtentItem, InodeItem, Timespec};
-use crate::fs::{FileKind, Filesystem, InodeId};
+use crate::fs::{Allowed, FileKind, Filesystem, InodeId};
 use crate::transaction::Writer;
 use crate::{Error, Result};
 
@@ -319,7 +319,10 @@ impl Filesystem {
 /// data may change if it is the destination (`dst`).
 fn clone_file(fs: &Filesystem, id: InodeId, dst: bool) -> Result<InodeItem> {
     let (item, what) = if dst {
-        (fs.inode_item_to_change(id)?, "destination")
+        (
+            fs.inode_item_to_change(id, Allowed::Nothing, "clone into")?,
+            "destination",
+        )
     } else {
         (fs.inode_item_for_data(id)?, "source")
     };

@@ -23,7 +23,7 @@ use crate::alloc::delayed_ref::DataOwner;
 use crate::format::Key;
 use crate::format::consts::*;
 use crate::format::items::{ExtentBody, FileExtentItem, Timespec};
-use crate::fs::{FileKind, Filesystem, InodeId};
+use crate::fs::{Allowed, FileKind, Filesystem, InodeId};
 use crate::transaction::Writer;
 use crate::{Error, Result};
 
@@ -109,7 +109,7 @@ impl Filesystem {
         now: Timespec,
     ) -> Result<()> {
         self.long_work_ahead();
-        let inode = self.regular_file(id)?;
+        let inode = self.regular_file(id, Allowed::Nothing, "truncate")?;
         if new_size > i64::MAX as u64 {
             return Err(Error::Invalid(format!(
                 "size {new_size} is past the largest file size"
@@ -180,7 +180,13 @@ impl Filesystem {
             } else {
                 self.writer()?
             };
-            self.regular_file(id)?;
+            // An append-only file may gain space, not lose data.
+            let allowed = if punch || zero {
+                Allowed::Nothing
+            } else {
+                Allowed::Growth
+            };
+            self.regular_file(id, allowed, "fallocate")?;
             // Work on the extents on disk: the file's dirty data goes there first.
             self.writeback(&mut w, id)?;
             let now = Timespec::now();
@@ -192,9 +198,15 @@ impl Filesystem {
         })
     }
 
-    /// The inode item of `id`, which must be a regular file.
-    fn regular_file(&self, id: InodeId) -> Result<crate::format::items::InodeItem> {
-        let inode = self.inode_item_to_change(id)?;
+    /// The inode item of `id`, which must be a regular file whose flags
+    /// allow `what` (see [`Filesystem::check_fixed`]).
+    fn regular_file(
+        &self,
+        id: InodeId,
+        allowed: Allowed,
+        what: &str,
+    ) -> Result<crate::format::items::InodeItem> {
+        let inode = self.inode_item_to_change(id, allowed, what)?;
         match FileKind::from_mode(inode.mode) {
             Some(FileKind::File) => Ok(inode),
             Some(FileKind::Dir) => Err(Error::IsDir(format!("inode {}", id.ino))),

@@ -16,7 +16,7 @@ use crate::alloc::delayed_ref::DataOwner;
 use crate::format::Key;
 use crate::format::consts::*;
 use crate::format::items::{ExtentBody, FileExtentItem, Timespec};
-use crate::fs::{FileKind, Filesystem, InodeId};
+use crate::fs::{Allowed, FileKind, Filesystem, InodeId};
 use crate::transaction::Writer;
 use crate::{Error, Result};
 use std::sync::Arc;
@@ -79,7 +79,7 @@ impl Filesystem {
             }
             let mut w = self.writer()?;
             w.check_writable(id.subvol)?;
-            let inode = self.inode_item_to_change(id)?;
+            let inode = self.inode_item_to_change(id, Allowed::Growth, "write")?;
             match FileKind::from_mode(inode.mode) {
                 Some(FileKind::File) => {}
                 Some(FileKind::Dir) => return Err(Error::IsDir(format!("inode {}", id.ino))),
@@ -94,6 +94,18 @@ impl Filesystem {
                 .checked_add(data.len() as u64)
                 .filter(|&e| e <= i64::MAX as u64)
                 .ok_or_else(|| Error::Invalid("write past the largest file size".into()))?;
+            if inode.flags & INODE_APPEND != 0 && offset < inode.size {
+                // An append-only file only grows. A writeback cache sends
+                // whole pages, the bytes already there with the new ones:
+                // those may come again, unchanged.
+                let n = (inode.size - offset).min(data.len() as u64) as usize;
+                if self.read(id, offset, n)? != data[..n] {
+                    return Err(Error::NotPermitted(format!(
+                        "write at {offset}: inode {} in subvolume {} is append-only",
+                        id.ino, id.subvol
+                    )));
+                }
+            }
             if inode.flags & INODE_NODATACOW != 0 {
                 // Writeback overwrites these sectors in place: a damaged
                 // extent there fails this write, not the commit.

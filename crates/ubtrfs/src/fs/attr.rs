@@ -4,6 +4,7 @@
 //! name; entries whose names share a hash are packed in one item, like
 //! directory entries. Every change sets the inode's ctime.
 
+use super::Allowed;
 use super::acl::Which;
 use super::dir::name_hash;
 use super::inode::{FileKind, InodeId, Stat};
@@ -85,6 +86,18 @@ impl Filesystem {
                     Error::corrupt(format!("inode {} has mode {:#o}", id.ino, item.mode))
                 });
             }
+            // An append-only inode takes new times (its writes bring them),
+            // nothing else.
+            let only_times = attr.mode.is_none()
+                && attr.uid.is_none()
+                && attr.gid.is_none()
+                && attr.size.is_none();
+            let allowed = if only_times {
+                Allowed::Growth
+            } else {
+                Allowed::Nothing
+            };
+            self.check_fixed(id, &item, allowed, "setattr")?;
             // Growing may need space; everything else may use the reserve.
             let mut w = match resize {
                 Some(s) if s > item.size => self.writer()?,
@@ -274,14 +287,15 @@ impl Filesystem {
         Ok(true)
     }
 
-    /// Check that `id` is a real inode that may change.
+    /// Check that `id` is a real inode whose xattrs may change.
     fn writable_inode(&self, id: InodeId) -> Result<()> {
         if id.is_placeholder() {
             return Err(Error::ReadOnly(
                 "placeholder of an unreachable subvolume".into(),
             ));
         }
-        self.inode_item(id).map(|_| ())
+        let item = self.inode_item(id)?;
+        self.check_fixed(id, &item, Allowed::Nothing, "xattr change")
     }
 }
 

@@ -18,7 +18,52 @@ pub const SETTABLE_FLAGS: u64 = INODE_NODATACOW
     | INODE_NOATIME
     | INODE_DIRSYNC;
 
+/// What an inode's flags let change, as the kernel's VFS checks them
+/// (the FUSE kernel leaves it to the filesystem).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Allowed {
+    /// Nothing: only an inode neither immutable nor append-only changes.
+    Nothing,
+    /// Only growth: an append-only file may gain data at its end and new
+    /// times, an append-only directory new entries.
+    Growth,
+}
+
 impl Filesystem {
+    /// Refuse (`NotPermitted`) `what` to inode `id`, whose item is `item`,
+    /// if it is immutable, or append-only and `allowed` is not
+    /// [`Allowed::Growth`]: an immutable inode changes in no way (data,
+    /// attributes, xattrs, names, a directory's entries), an append-only
+    /// one only grows.
+    pub(crate) fn check_fixed(
+        &self,
+        id: InodeId,
+        item: &crate::format::items::InodeItem,
+        allowed: Allowed,
+        what: &str,
+    ) -> Result<()> {
+        let fixed = if item.flags & INODE_IMMUTABLE != 0 {
+            "immutable"
+        } else if item.flags & INODE_APPEND != 0 && allowed == Allowed::Nothing {
+            "append-only"
+        } else {
+            return Ok(());
+        };
+        Err(Error::NotPermitted(format!(
+            "{what}: inode {} in subvolume {} is {fixed}",
+            id.ino, id.subvol
+        )))
+    }
+
+    /// [`Filesystem::check_fixed`] of inode `id` (a placeholder is never
+    /// fixed).
+    pub(crate) fn check_fixed_id(&self, id: InodeId, allowed: Allowed, what: &str) -> Result<()> {
+        if id.is_placeholder() {
+            return Ok(());
+        }
+        self.check_fixed(id, &self.inode_item(id)?, allowed, what)
+    }
+
     /// Replace the settable flags of `id` with `flags`. No-COW can only be
     /// switched on a directory (new files inherit it) or an empty file, and
     /// brings no-checksum with it, as in the kernel.
@@ -72,6 +117,137 @@ mod tests {
     use crate::format::consts::*;
     use crate::test_fs::TestFs;
 
+    fn refused<T: std::fmt::Debug>(r: crate::Result<T>, what: &str, fixed: &str) {
+        match r {
+            Err(Error::NotPermitted(m)) => assert!(m.contains(fixed), "{what}: {m}"),
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+
+    /// Immutable and append-only inodes refuse what the kernel's VFS
+    /// refuses them (the FUSE kernel leaves that to the filesystem), and
+    /// a refusal changes nothing.
+    #[test]
+    fn immutable_and_append_only_inodes_refuse_changes() {
+        use crate::fs::{FileKind, NewInode, SetAttr};
+        let t = TestFs::new();
+        let fs = t.fs();
+        let top = fs.root();
+        let new = |dir, name: &[u8], mode| {
+            let n = NewInode {
+                mode,
+                uid: 0,
+                gid: 0,
+                rdev: 0,
+            };
+            fs.create(dir, name, n).unwrap().id
+        };
+        let i = t.file(b"i", b"fixed\n");
+        let a = t.file(b"a", b"first\n");
+        let di = new(top, b"di", libc::S_IFDIR | 0o755);
+        let da = new(top, b"da", libc::S_IFDIR | 0o755);
+        new(di, b"x", libc::S_IFREG | 0o644);
+        new(da, b"x", libc::S_IFREG | 0o644);
+        fs.set_flags(i, INODE_IMMUTABLE).unwrap();
+        fs.set_flags(di, INODE_IMMUTABLE).unwrap();
+        fs.set_flags(a, INODE_APPEND).unwrap();
+        fs.set_flags(da, INODE_APPEND).unwrap();
+        let file = NewInode {
+            mode: libc::S_IFREG | 0o644,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+        };
+        let chmod = SetAttr {
+            mode: Some(0o600),
+            ..Default::default()
+        };
+        let times = SetAttr {
+            mtime: Some(crate::format::items::Timespec::now()),
+            ..Default::default()
+        };
+        for (id, fixed) in [(i, "immutable"), (a, "append-only")] {
+            refused(fs.truncate(id, 1), "truncate", fixed);
+            refused(fs.setattr(id, chmod), "chmod", fixed);
+            refused(fs.set_xattr(id, b"user.x", b"1", 0), "setxattr", fixed);
+            refused(fs.link(id, top, b"another"), "link", fixed);
+            refused(
+                fs.fallocate(
+                    id,
+                    libc::FALLOC_FL_KEEP_SIZE as u32 | libc::FALLOC_FL_PUNCH_HOLE as u32,
+                    0,
+                    1,
+                ),
+                "punch",
+                fixed,
+            );
+            refused(fs.clone_range(i, 0, id, 0, 4096), "clone into", fixed);
+        }
+        for (name, fixed) in [(&b"i"[..], "immutable"), (b"a", "append-only")] {
+            refused(fs.unlink(top, name), "unlink", fixed);
+            refused(fs.rename(top, name, top, b"moved", 0), "rename", fixed);
+        }
+        // Immutable: no data, no times.
+        refused(fs.write(i, 6, b"more"), "append to immutable", "immutable");
+        refused(fs.setattr(i, times), "times of immutable", "immutable");
+        // Append-only: data at its end (the bytes there may come again),
+        // and times.
+        refused(fs.write(a, 0, b"FIRST\n"), "overwrite", "append-only");
+        fs.write(a, 0, b"first\nsecond\n").unwrap();
+        fs.write(a, 13, b"\nthird").unwrap();
+        fs.setattr(a, times).unwrap();
+        fs.fallocate(a, libc::FALLOC_FL_KEEP_SIZE as u32, 0, 100)
+            .unwrap();
+        assert_eq!(fs.read(a, 0, 100).unwrap(), b"first\nsecond\n\nthird");
+        // Directories: an immutable one takes no names and gives none, an
+        // append-only one takes them and gives none.
+        refused(
+            fs.create(di, b"new", file),
+            "create in immutable",
+            "immutable",
+        );
+        refused(fs.unlink(di, b"x"), "unlink in immutable", "immutable");
+        refused(
+            fs.create_subvolume(di, b"sv", 0, 0),
+            "subvolume in immutable",
+            "immutable",
+        );
+        fs.create(da, b"new", file).unwrap();
+        fs.mkdir(da, b"sub", 0o755, 0, 0).unwrap();
+        refused(fs.unlink(da, b"x"), "unlink in append-only", "append-only");
+        refused(fs.rmdir(da, b"sub"), "rmdir in append-only", "append-only");
+        refused(
+            fs.rename(da, b"x", top, b"out", 0),
+            "rename out",
+            "append-only",
+        );
+        refused(
+            fs.rename(top, b"a", da, b"x", 0),
+            "replace in append-only",
+            "append-only",
+        );
+        let plain = t.file(b"plain", b"p");
+        refused(
+            fs.rename(top, b"plain", top, b"i", 0),
+            "replace immutable",
+            "immutable",
+        );
+        fs.rename(top, b"plain", da, b"plain", 0).unwrap();
+        refused(fs.rmdir(top, b"di"), "rmdir of immutable", "immutable");
+        assert!(fs.aborted().is_none(), "a refusal is no abort");
+        // Cleared, everything goes again.
+        fs.set_flags(i, 0).unwrap();
+        fs.set_flags(di, 0).unwrap();
+        fs.set_flags(a, 0).unwrap();
+        fs.set_flags(da, 0).unwrap();
+        fs.write(a, 0, b"F").unwrap();
+        fs.unlink(top, b"i").unwrap();
+        fs.unlink(di, b"x").unwrap();
+        fs.unlink(da, b"plain").unwrap();
+        assert_eq!(fs.stat(plain).map(|s| s.kind).ok(), None::<FileKind>);
+        fs.commit().unwrap();
+    }
+
     /// An fs-verity file (flag and Merkle items as the kernel leaves them;
     /// this kernel may lack fs-verity) is read, cloned from and deleted,
     /// never changed.
@@ -100,15 +276,16 @@ mod tests {
             vec![0u8; 4096],
         );
         fs.commit().unwrap();
-        let refused = |r: crate::Result<()>, what: &str| match r {
-            Err(Error::NotPermitted(m)) => assert!(m.contains("fs-verity"), "{what}: {m}"),
-            other => panic!("{what}: {other:?}"),
-        };
-        refused(fs.write(v, 0, b"x").map(|_| ()), "write");
-        refused(fs.write(v, 20_000, b"x").map(|_| ()), "append");
-        refused(fs.truncate(v, 100), "truncate");
-        refused(fs.fallocate(v, 0, 0, 100_000), "fallocate");
-        refused(fs.clone_range(other, 0, v, 0, 4096), "clone into it");
+        let verity = "fs-verity";
+        refused(fs.write(v, 0, b"x"), "write", verity);
+        refused(fs.write(v, 20_000, b"x"), "append", verity);
+        refused(fs.truncate(v, 100), "truncate", verity);
+        refused(fs.fallocate(v, 0, 0, 100_000), "fallocate", verity);
+        refused(
+            fs.clone_range(other, 0, v, 0, 4096),
+            "clone into it",
+            verity,
+        );
         assert!(fs.aborted().is_none(), "a refusal is no abort");
         fs.clone_range(v, 0, other, 0, 4096).unwrap();
         assert_eq!(fs.read(v, 0, 30_000).unwrap(), data);

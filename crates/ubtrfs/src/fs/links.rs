@@ -8,6 +8,7 @@
 //! does; a moved directory's INODE_REF then names its new parent (btrfs
 //! keeps no ".." entry, and a directory's `nlink` is always 1).
 
+use super::Allowed;
 use super::inode::{DirEntry, FileKind, InodeId, Stat};
 use super::namespace::{NewInode, check_name};
 use super::open::Filesystem;
@@ -104,7 +105,7 @@ impl Filesystem {
         self.change("link", || {
             check_name(new_name)?;
             let mut w = self.writer()?;
-            self.writable_dir(new_dir)?;
+            self.writable_dir(new_dir, Allowed::Growth)?;
             // The checks come in the order Linux makes them.
             if self.lookup(new_dir, new_name).is_ok() {
                 return Err(Error::Exists(show(new_name)));
@@ -131,6 +132,7 @@ impl Filesystem {
                     inode.ino
                 )));
             }
+            self.check_fixed(inode, &item, Allowed::Nothing, "link")?;
             if item.nlink >= LINK_MAX {
                 return Err(Error::TooManyLinks(format!(
                     "inode {} already has {} names",
@@ -231,8 +233,8 @@ impl Filesystem {
         check_name(old_name)?;
         check_name(new_name)?;
         let mut w = self.writer_deleting()?;
-        self.writable_dir(old_dir)?;
-        self.writable_dir(new_dir)?;
+        self.writable_dir(old_dir, Allowed::Nothing)?;
+        self.writable_dir(new_dir, Allowed::Growth)?;
         let src = self.lookup(old_dir, old_name)?;
         if src.id.subvol != old_dir.subvol {
             return Err(Error::Unsupported("renaming a subvolume".into()));
@@ -294,6 +296,13 @@ impl Filesystem {
         }
         if dst.as_ref().is_some_and(|d| d.id == src.id) {
             return Ok(());
+        }
+        // What moves, what is replaced and the directory losing the
+        // replaced name must all be free to change.
+        self.check_fixed_id(src.id, Allowed::Nothing, "rename")?;
+        if let Some(d) = &dst {
+            self.check_fixed_id(new_dir, Allowed::Nothing, "rename")?;
+            self.check_fixed_id(d.id, Allowed::Nothing, "rename")?;
         }
         let now = Timespec::now();
         // Each directory that gets a name has an index left for it.

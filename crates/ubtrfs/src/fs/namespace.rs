@@ -4,6 +4,7 @@
 //! sequence number) in the directory, and INODE_REF in the inode; the
 //! directory's size counts each name twice, as the kernel does.
 
+use super::Allowed;
 use super::dir::name_hash;
 use super::inode::{DirEntry, FileKind, InodeId, Stat};
 use super::open::Filesystem;
@@ -150,7 +151,10 @@ impl Filesystem {
         Ok(n)
     }
 
-    pub(crate) fn writable_dir(&self, dir: InodeId) -> Result<InodeItem> {
+    /// The inode item of directory `dir`, to which names may be added
+    /// ([`Allowed::Growth`]) or from which they may go
+    /// ([`Allowed::Nothing`]) as its flags allow.
+    pub(crate) fn writable_dir(&self, dir: InodeId, allowed: Allowed) -> Result<InodeItem> {
         if dir.is_placeholder() {
             return Err(Error::ReadOnly(
                 "placeholder of an unreachable subvolume".into(),
@@ -163,6 +167,11 @@ impl Filesystem {
                 dir.ino, dir.subvol
             )));
         }
+        let what = match allowed {
+            Allowed::Growth => "a new name in the directory",
+            Allowed::Nothing => "a name out of the directory",
+        };
+        self.check_fixed(dir, &item, allowed, what)?;
         Ok(item)
     }
 
@@ -431,7 +440,7 @@ impl Filesystem {
         check_name(name)?;
         let kind = FileKind::from_mode(new.mode)
             .ok_or_else(|| Error::Invalid(format!("mode {:#o}", new.mode)))?;
-        let parent = self.writable_dir(dir)?;
+        let parent = self.writable_dir(dir, Allowed::Growth)?;
         if self.find_name(dir, name).is_ok() {
             return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
         }
@@ -508,11 +517,12 @@ impl Filesystem {
     ) -> Result<Option<InodeId>> {
         self.change("unlink", || {
             let mut w = self.writer_deleting()?;
-            self.writable_dir(dir)?;
+            self.writable_dir(dir, Allowed::Nothing)?;
             let entry = self.find_name(dir, name)?;
             if entry.kind == FileKind::Dir {
                 return Err(Error::IsDir(String::from_utf8_lossy(name).into_owned()));
             }
+            self.check_fixed_id(entry.id, Allowed::Nothing, "unlink")?;
             let now = Timespec::now();
             let target = self.remove_name(&mut w, dir, name, &entry, now)?;
             let last = self.inode_item(target)?.nlink <= 1;
@@ -556,11 +566,12 @@ impl Filesystem {
     pub fn rmdir(&self, dir: InodeId, name: &[u8]) -> Result<()> {
         self.change("rmdir", || {
             let mut w = self.writer_deleting()?;
-            self.writable_dir(dir)?;
+            self.writable_dir(dir, Allowed::Nothing)?;
             let entry = self.find_name(dir, name)?;
             if entry.kind != FileKind::Dir {
                 return Err(Error::NotDir(String::from_utf8_lossy(name).into_owned()));
             }
+            self.check_fixed_id(entry.id, Allowed::Nothing, "rmdir")?;
             if entry.id.subvol != dir.subvol {
                 // An empty subvolume goes with rmdir, as the kernel allows.
                 drop(w);

@@ -359,11 +359,18 @@ impl Filesystem {
     }
 
     /// [`Filesystem::inode_item_for_data`] of a file whose data is to be
-    /// changed (written, truncated, cloned into): the kernel never changes
-    /// an fs-verity file's data, as its Merkle tree (VERITY items) would
-    /// no longer match and reads would fail.
-    pub(crate) fn inode_item_to_change(&self, id: InodeId) -> Result<InodeItem> {
+    /// changed (`what`: written, truncated, cloned into), as far as its
+    /// flags allow (see [`Filesystem::check_fixed`]): the kernel never
+    /// changes an fs-verity file's data either, as its Merkle tree (VERITY
+    /// items) would no longer match and reads would fail.
+    pub(crate) fn inode_item_to_change(
+        &self,
+        id: InodeId,
+        allowed: super::Allowed,
+        what: &str,
+    ) -> Result<InodeItem> {
         let inode = self.inode_item_for_data(id)?;
+        self.check_fixed(id, &inode, allowed, what)?;
         if inode.flags & INODE_RO_VERITY != 0 {
             return Err(Error::NotPermitted(format!(
                 "inode {} in subvolume {} is an fs-verity file: its data never changes",

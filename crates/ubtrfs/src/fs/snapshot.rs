@@ -234,7 +234,7 @@ impl Filesystem {
     /// Checks before a new subvolume link `name` goes into `dir`.
     fn check_new_link(&self, w: &Writer, dir: InodeId, name: &[u8]) -> Result<()> {
         check_name(name)?;
-        self.writable_dir(dir)?;
+        self.writable_dir(dir, super::Allowed::Growth)?;
         w.check_writable(dir.subvol)?;
         self.check_not_deleted(dir.subvol)?;
         match self.lookup(dir, name) {

@@ -15,6 +15,7 @@
 //! the next mount, ours or the kernel's. A drop the kernel left half done
 //! is finished from where it stopped.
 
+use super::Allowed;
 use super::dir::name_hash;
 use super::inode::{FileKind, InodeId};
 use super::open::Filesystem;
@@ -34,7 +35,7 @@ impl Filesystem {
         self.change("subvolume delete", || {
             let mut w = self.writer_deleting()?;
             self.long_work_ahead();
-            self.writable_dir(dir)?;
+            self.writable_dir(dir, Allowed::Nothing)?;
             w.check_writable(dir.subvol)?;
             let entry = self.find_name(dir, name)?;
             let shown = || String::from_utf8_lossy(name).into_owned();
@@ -71,6 +72,7 @@ impl Filesystem {
             if only_empty && !self.read_dir_up_to(entry.id, 0, 1)?.is_empty() {
                 return Err(Error::NotEmpty(shown()));
             }
+            self.check_fixed_id(entry.id, Allowed::Nothing, "subvolume delete")?;
             let (_, item) = self
                 .find_root(id)?
                 .ok_or_else(|| Error::NotFound(format!("subvolume {id}")))?;

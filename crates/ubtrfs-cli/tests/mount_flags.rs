@@ -1,0 +1,237 @@
+//! Immutable and append-only files and directories (`chattr +i`, `+a`) on
+//! the read-write FUSE mount, against the kernel's btrfs. The FUSE kernel
+//! leaves these checks to the filesystem, so the mount makes them; the
+//! same steps run on a kernel loop mount and on `ubtrfs mount`, and each
+//! must succeed or be refused (EPERM) alike and print the same:
+//!
+//! - an immutable file takes no write, truncate, chmod, times, xattr,
+//!   link, rename or unlink;
+//! - an append-only file takes appends (through `O_APPEND`) and times,
+//!   nothing else; a write open without `O_APPEND` is refused;
+//! - an immutable directory takes no new name and gives none, an
+//!   append-only one takes new names and gives none;
+//! - only a caller with `CAP_LINUX_IMMUTABLE` sets or clears the flags
+//!   (the kernel checks that, from what the mount reports);
+//! - cleared, everything goes again; the image then passes `btrfs check`
+//!   and the kernel reads the flags ubtrfs wrote.
+//!
+//! Needs root, loop devices, the btrfs module, btrfs-progs, fuse3,
+//! util-linux (`setpriv`), e2fsprogs (`chattr`, `lsattr`) and attr.
+
+mod common;
+
+use common::{check_image, new_image, start_mount};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use testkit::*;
+
+const IMAGE_SIZE: u64 = 300 << 20;
+/// The other user and group the user steps run as.
+const USER: (u32, u32) = (1000, 2000);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Who {
+    Root,
+    User,
+}
+
+/// One step: who runs the script, whether it must succeed.
+struct Step {
+    who: Who,
+    ok: bool,
+    script: &'static str,
+}
+
+const fn root(ok: bool, script: &'static str) -> Step {
+    Step {
+        who: Who::Root,
+        ok,
+        script,
+    }
+}
+
+const fn user(ok: bool, script: &'static str) -> Step {
+    Step {
+        who: Who::User,
+        ok,
+        script,
+    }
+}
+
+/// The flags of everything left, as `lsattr` shows them.
+const SHOW_ALL: &str = "lsattr -d keep-i keep-a keep-d && cat keep-a && ls keep-d";
+
+const STEPS: &[Step] = &[
+    root(
+        true,
+        "echo a > f && echo a > g && mkdir d e && touch d/x e/x \
+         && chattr +i f d && chattr +a g e && lsattr -d f g d e",
+    ),
+    // Immutable file.
+    root(false, "echo b >> f"),
+    root(false, "echo b > f"),
+    root(false, "printf X | dd of=f bs=1 conv=notrunc status=none"),
+    root(false, "truncate -s 0 f"),
+    root(false, "chmod 600 f"),
+    root(false, "chown 1000 f"),
+    root(false, "touch f"),
+    root(false, "touch -d @1000000000 f"),
+    root(false, "setfattr -n user.x -v 1 f"),
+    root(false, "ln f f-link"),
+    root(false, "mv f f-moved"),
+    root(false, "rm f"),
+    root(false, "echo z > other && mv other f"),
+    root(true, "cat f && stat -c '%s %a %h' f && rm other"),
+    // Append-only file.
+    root(true, "echo b >> g && cat g"),
+    root(false, "echo c > g"),
+    root(false, "printf X | dd of=g bs=1 conv=notrunc status=none"),
+    root(false, "truncate -s 1 g"),
+    root(false, "fallocate -p -o 0 -l 1 g"),
+    root(true, "touch g"),
+    root(false, "chmod 600 g"),
+    root(false, "setfattr -n user.x -v 1 g"),
+    root(false, "ln g g-link"),
+    root(false, "mv g g-moved"),
+    root(false, "rm g"),
+    root(
+        true,
+        "python3 -c \"import os; fd = os.open('g', os.O_WRONLY | os.O_APPEND); \
+         os.write(fd, b'c\\n'); os.close(fd)\" && cat g && stat -c %s g",
+    ),
+    // Immutable and append-only directories.
+    root(false, "touch d/new"),
+    root(false, "mkdir d/sub"),
+    root(false, "rm d/x"),
+    root(false, "mv d/x d/y"),
+    root(false, "mv d d-moved"),
+    root(true, "touch e/new && mkdir e/sub && ln -s x e/sl && ls e"),
+    root(false, "rm e/x"),
+    root(false, "rmdir e/sub"),
+    root(false, "mv e/x e/y"),
+    root(false, "mv e/x x-out"),
+    root(true, "echo q > q && mv q e/q && ls e"),
+    root(false, "echo r > r && mv r e/x"),
+    // Only CAP_LINUX_IMMUTABLE sets or clears the flags; the owner sets
+    // the others.
+    root(true, "rm r && touch mine && chown 1000:2000 mine"),
+    user(false, "chattr +i mine"),
+    user(false, "chattr +a mine"),
+    user(true, "chattr +A mine && lsattr mine"),
+    root(true, "chattr +i mine && lsattr mine"),
+    user(false, "chattr -i mine"),
+    // Cleared, everything goes again.
+    root(
+        true,
+        "chattr -i f d mine && chattr -a g e && echo new > f && rm g d/x e/x mine \
+         && rm -r e d && cat f && ls",
+    ),
+    // What the kernel must read back.
+    root(
+        true,
+        "echo i > keep-i && echo a > keep-a && mkdir keep-d && touch keep-d/in \
+         && chattr +i keep-i && chattr +a keep-a keep-d",
+    ),
+    root(true, SHOW_ALL),
+];
+
+/// Run `script` with `sh -c` in `dir` as `who`; returns whether it
+/// succeeded, and its stdout and stderr.
+fn run_step(dir: &Path, who: Who, script: &str) -> (bool, String, String) {
+    let mut cmd = match who {
+        Who::Root => Command::new("sh"),
+        Who::User => {
+            let mut c = Command::new("setpriv");
+            c.arg(format!("--reuid={}", USER.0))
+                .arg(format!("--regid={}", USER.1))
+                .arg("--clear-groups")
+                .arg("sh");
+            c
+        }
+    };
+    let out = cmd
+        .args(["-c", script])
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sh");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Run every step in `dir`, asserting each succeeds or is refused as it
+/// must; returns what each printed.
+fn run_steps(what: &str, dir: &Path) -> Vec<String> {
+    let mut seen = Vec::new();
+    for (i, s) in STEPS.iter().enumerate() {
+        let (ok, out, err) = run_step(dir, s.who, s.script);
+        assert_eq!(
+            ok,
+            s.ok,
+            "{what}: step {i} ({:?}: {}) {}:\n{out}{err}",
+            s.who,
+            s.script,
+            if ok { "succeeded" } else { "failed" }
+        );
+        if !ok {
+            assert!(
+                err.contains("Operation not permitted"),
+                "{what}: step {i} ({}) failed for another reason: {err}",
+                s.script
+            );
+        }
+        seen.push(format!("step {i} ({}):\n{out}", s.script));
+    }
+    seen
+}
+
+#[test]
+fn immutable_and_append_only_work_as_in_the_kernel() {
+    require_privileged!();
+    for tool in ["setpriv", "chattr", "lsattr", "setfattr", "fallocate"] {
+        assert!(which(tool).is_some(), "{tool} not found");
+    }
+    let t = TestDir::new("mount-flags").unwrap();
+    let kernel_img = new_image(&t, "kernel.img", IMAGE_SIZE);
+    let ubtrfs_img = new_image(&t, "ubtrfs.img", IMAGE_SIZE);
+
+    let kernel = Mount::single(&kernel_img, &t.join("kernel"), "").unwrap();
+    std::fs::set_permissions(
+        kernel.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let expected = run_steps("kernel btrfs", kernel.path());
+    kernel.unmount().unwrap();
+
+    let m = start_mount(
+        &ubtrfs_img,
+        &t.join("fuse"),
+        &["-o", "allow_other", "-o", "commit=300"],
+    );
+    std::fs::set_permissions(
+        m.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let got = run_steps("ubtrfs", m.path());
+    m.unmount().unwrap();
+    for (e, g) in expected.iter().zip(&got) {
+        assert_eq!(g, e, "ubtrfs printed otherwise than the kernel");
+    }
+
+    // What ubtrfs wrote is what the kernel reads.
+    check_image(&ubtrfs_img);
+    let kernel = Mount::single(&ubtrfs_img, &t.join("kernel-reads"), "ro").unwrap();
+    let (ok, out, err) = run_step(kernel.path(), Who::Root, SHOW_ALL);
+    assert!(ok, "{err}");
+    assert_eq!(
+        format!("step {} ({SHOW_ALL}):\n{out}", STEPS.len() - 1),
+        got[STEPS.len() - 1],
+        "the kernel reads otherwise what ubtrfs wrote"
+    );
+    kernel.unmount().unwrap();
+}

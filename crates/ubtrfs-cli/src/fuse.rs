@@ -1032,11 +1032,10 @@ impl FuseFs {
     pub(super) fn on_statfs<R: StatfsReply>(&self, _req: &Caller, _ino: INodeNo, reply: R) {
         let s = self.served.read(|fs| fs.statfs());
         let bsize = u64::from(s.block_size.max(1));
-        let free = s.free_bytes / bsize;
         reply.statfs(
             s.total_bytes / bsize,
-            free,
-            free,
+            s.unused_bytes / bsize,
+            s.free_bytes / bsize,
             s.files,
             0,
             s.block_size,

@@ -29,11 +29,18 @@ pub struct Geometry {
 pub struct StatFs {
     /// Fundamental block size.
     pub block_size: u32,
-    /// Size of all devices.
+    /// Size of all devices; on a writable filesystem, the data profile's
+    /// share of it (half for two copies), as the kernel's statfs counts.
     pub total_bytes: u64,
     /// Bytes free for file data (an estimate; on a writable filesystem,
     /// unallocated device space counts by the data profile's share).
     pub free_bytes: u64,
+    /// Bytes not in use (`df`'s size less its used, the kernel's
+    /// `f_bfree`): on a writable filesystem, `total_bytes` less what data
+    /// and metadata take on the devices (in the data profile's share) and
+    /// the metadata reserve; space in block groups that nothing uses yet
+    /// counts as unused.
+    pub unused_bytes: u64,
     /// Inodes in use, as far as known (0 if unknown).
     pub files: u64,
     /// Longest name.
@@ -404,23 +411,27 @@ impl Filesystem {
 
     /// Space figures.
     pub fn statfs(&self) -> StatFs {
-        let free_bytes = self
-            .writable_free_bytes()
-            .unwrap_or_else(|| self.sb.total_bytes.saturating_sub(self.sb.bytes_used));
+        let sb = &self.sb;
+        let unused = sb.total_bytes.saturating_sub(sb.bytes_used);
+        let (total_bytes, free_bytes, unused_bytes) =
+            self.writable_space()
+                .unwrap_or((sb.total_bytes, unused, unused));
         StatFs {
             block_size: self.geo.sectorsize,
-            total_bytes: self.sb.total_bytes,
+            total_bytes,
             free_bytes,
+            unused_bytes,
             files: 0,
             name_max: 255,
         }
     }
 
-    /// For a writable filesystem: free space in data block groups, less
-    /// the dirty data waiting for it, plus device space no chunk uses yet
-    /// (the share of it the data profile keeps as data: half for two
-    /// copies, (n - 1) / n for RAID5 over n devices).
-    fn writable_free_bytes(&self) -> Option<u64> {
+    /// For a writable filesystem: the total, free and unused bytes of
+    /// [`StatFs`]. Free: space in data block groups, less the dirty data
+    /// waiting for it, plus device space no chunk uses yet (the share of
+    /// it the data profile keeps as data: half for two copies, (n - 1) / n
+    /// for RAID5 over n devices).
+    fn writable_space(&self) -> Option<(u64, u64, u64)> {
         let w = self
             .writer
             .as_ref()?
@@ -434,7 +445,23 @@ impl Filesystem {
             .values()
             .find(|g| g.flags & BLOCK_GROUP_DATA != 0)
             .and_then(|g| crate::volume::Profile::from_flags(g.flags).ok());
+        // What the groups use on the devices, each copy counted.
+        let on_devices: u64 = w
+            .blocks
+            .alloc
+            .groups
+            .values()
+            .map(|g| {
+                let copies = crate::volume::Profile::from_flags(g.flags).map_or(1, copies_of);
+                g.used.saturating_mul(copies)
+            })
+            .fold(0, u64::saturating_add);
         drop(w);
+        let factor = profile.map_or(1, copies_of).max(1);
+        let total = self.sb.total_bytes / factor;
+        let unused = total
+            .saturating_sub(on_devices / factor)
+            .saturating_sub(self.metadata_reserve());
         let (mut unallocated, mut devices) = (0u64, 0u64);
         for item in self
             .chunk_tree()
@@ -454,7 +481,20 @@ impl Filesystem {
             _ => (1, 1),
         };
         let usable = (u128::from(unallocated) * u128::from(kept) / u128::from(of)) as u64;
-        Some((in_groups + usable).saturating_sub(self.delalloc().bytes()))
+        let free = (in_groups + usable).saturating_sub(self.delalloc().bytes());
+        Some((total, free, unused))
+    }
+}
+
+/// How many copies of each byte `profile` keeps (the kernel's statfs
+/// factor: parity profiles count once).
+fn copies_of(profile: crate::volume::Profile) -> u64 {
+    use crate::volume::Profile;
+    match profile {
+        Profile::Dup | Profile::Raid1 | Profile::Raid10 => 2,
+        Profile::Raid1c3 => 3,
+        Profile::Raid1c4 => 4,
+        _ => 1,
     }
 }
 

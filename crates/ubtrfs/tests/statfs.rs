@@ -1,0 +1,87 @@
+//! Space figures (`statfs`, what `df` shows) against the kernel's: the
+//! kernel writes a filesystem (one device with DUP metadata, and two in
+//! RAID1), reports its blocks, free and available blocks; the library,
+//! opened read-write on the same image, must report the same size, and
+//! free and available space within the metadata reserves (the kernel
+//! holds back its global reserve, ubtrfs its own).
+
+use std::process::Command;
+
+use testkit::xorshift_bytes as bytes;
+use testkit::{KernelImageOptions, MkfsOptions, Profile, TestDir, kernel_image};
+use ubtrfs::fs::Filesystem;
+
+/// How far the free figures may differ: the two reserves (a few MiB).
+const SLACK: u64 = 8 << 20;
+
+fn compare(name: &str, mkfs: MkfsOptions) {
+    let t = TestDir::new(name).unwrap();
+    let opts = KernelImageOptions {
+        mkfs,
+        mount_options: String::new(),
+    };
+    let image = kernel_image(&t.join("img"), &opts, |m| {
+        std::fs::write(m.join("big"), bytes(1, 100 << 20))?;
+        for i in 0..200 {
+            std::fs::write(m.join(format!("small{i}")), bytes(i, 3000))?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    let kernel = {
+        let m = image.mount(&t.join("mnt"), "").unwrap();
+        let out = testkit::run(
+            Command::new("stat")
+                .args(["-f", "-c", "%S %b %f %a"])
+                .arg(m.path()),
+        )
+        .unwrap();
+        m.unmount().unwrap();
+        let v: Vec<u64> = out.split_whitespace().map(|x| x.parse().unwrap()).collect();
+        (v[0] * v[1], v[0] * v[2], v[0] * v[3])
+    };
+    let fs = Filesystem::open_read_write(&image.devices).unwrap();
+    let s = fs.statfs();
+    let ours = (s.total_bytes, s.unused_bytes, s.free_bytes);
+    assert_eq!(
+        ours.0, kernel.0,
+        "{name}: size (ours, kernel's: {ours:?} {kernel:?})"
+    );
+    assert!(
+        ours.1.abs_diff(kernel.1) <= SLACK,
+        "{name}: unused bytes (ours, kernel's: {ours:?} {kernel:?})"
+    );
+    assert!(
+        ours.2.abs_diff(kernel.2) <= SLACK,
+        "{name}: available bytes (ours, kernel's: {ours:?} {kernel:?})"
+    );
+    // The data is counted as used: not every allocated chunk is.
+    assert!(
+        ours.0 - ours.1 < (100 << 20) + SLACK + (10 << 20),
+        "{name}: {ours:?}"
+    );
+}
+
+#[test]
+fn statfs_of_one_device_is_the_kernels() {
+    testkit::require_privileged!();
+    compare(
+        "statfs-single",
+        MkfsOptions {
+            device_size: 1 << 30,
+            ..MkfsOptions::default()
+        },
+    );
+}
+
+#[test]
+fn statfs_of_raid1_is_the_kernels() {
+    testkit::require_privileged!();
+    compare(
+        "statfs-raid1",
+        MkfsOptions {
+            device_size: 1 << 30,
+            ..MkfsOptions::multi(Profile::Raid1)
+        },
+    );
+}

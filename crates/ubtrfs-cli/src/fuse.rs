@@ -776,13 +776,11 @@ impl FuseFs {
             }
             // As in the kernel: an fs-verity or immutable file is never
             // opened for writing, an append-only one only to append (the
-            // FUSE kernel leaves these checks to the filesystem).
-            use ubtrfs::format::consts::{INODE_APPEND, INODE_IMMUTABLE, INODE_RO_VERITY};
-            if writing && st.flags & (INODE_RO_VERITY | INODE_IMMUTABLE) != 0 {
-                return Err(Errno::EPERM);
-            }
-            if writing && st.flags & INODE_APPEND != 0 && flags.0 & libc::O_APPEND == 0 {
-                return Err(Errno::EPERM);
+            // FUSE kernel leaves these checks to the filesystem, and its
+            // writes are not checked again).
+            if writing && st.kind == FileKind::File {
+                fs.check_open_for_write(id, flags.0 & libc::O_APPEND != 0)
+                    .map_err(errno)?;
             }
             Ok(st)
         });
@@ -1114,7 +1112,7 @@ impl FuseFs {
         atime: Option<fuser::TimeOrNow>,
         mtime: Option<fuser::TimeOrNow>,
         ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         crtime: Option<SystemTime>,
         chgtime: Option<SystemTime>,
         bkuptime: Option<SystemTime>,
@@ -1133,6 +1131,7 @@ impl FuseFs {
             atime,
             mtime,
             ctime,
+            open_file: fh.is_some(),
         };
         self.stats.count(Counter::Setattr);
         match self.do_setattr(req, ino, change) {

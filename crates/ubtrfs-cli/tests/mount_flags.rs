@@ -40,13 +40,19 @@ struct Step {
     who: Who,
     ok: bool,
     script: &'static str,
+    /// What a failure says.
+    err: &'static str,
 }
+
+const EPERM: &str = "Operation not permitted";
+const EINVAL: &str = "Invalid argument";
 
 const fn root(ok: bool, script: &'static str) -> Step {
     Step {
         who: Who::Root,
         ok,
         script,
+        err: EPERM,
     }
 }
 
@@ -55,6 +61,17 @@ const fn user(ok: bool, script: &'static str) -> Step {
         who: Who::User,
         ok,
         script,
+        err: EPERM,
+    }
+}
+
+/// A step by root that fails with EINVAL.
+const fn einval(script: &'static str) -> Step {
+    Step {
+        who: Who::Root,
+        ok: false,
+        script,
+        err: EINVAL,
     }
 }
 
@@ -98,6 +115,40 @@ const STEPS: &[Step] = &[
         true,
         "python3 -c \"import os; fd = os.open('g', os.O_WRONLY | os.O_APPEND); \
          os.write(fd, b'c\\n'); os.close(fd)\" && cat g && stat -c %s g",
+    ),
+    root(false, "touch -d @1000000000 g"),
+    root(
+        false,
+        "python3 -c \"import os; os.truncate('g', os.stat('g').st_size)\"",
+    ),
+    root(
+        false,
+        "python3 -c \"import os; os.truncate('f', os.stat('f').st_size)\"",
+    ),
+    // Appends whose pages the writeback cache may send in any order.
+    root(
+        true,
+        "printf x > big && chattr +a big && python3 -c \"import os\n\
+fd = os.open('big', os.O_WRONLY | os.O_APPEND)\n\
+for i in range(24): os.write(fd, bytes([i % 251 + 1]) * (1 << 20))\n\
+os.fsync(fd); os.close(fd)\" && sync && echo 3 > /proc/sys/vm/drop_caches \
+         && sha256sum big && stat -c %s big",
+    ),
+    // A file open for writing before it became immutable still takes
+    // writes, as in the kernel.
+    root(
+        true,
+        "printf 12345 > early && python3 -c \"import os, subprocess\n\
+fd = os.open('early', os.O_WRONLY)\n\
+subprocess.run(['chattr', '+i', 'early'], check=True)\n\
+os.pwrite(fd, b'ab', 1); os.write(fd, b'Z'); os.close(fd)\" && cat early && lsattr early",
+    ),
+    // Another user's append drops set-user-ID, append-only or not.
+    root(true, "printf s > suid && chmod 4777 suid && chattr +a suid"),
+    user(true, "echo more >> suid"),
+    root(
+        true,
+        "stat -c %a suid && cat suid && chattr -a suid big && chattr -i early && rm suid early big",
     ),
     // Immutable and append-only directories.
     root(false, "touch d/new"),
@@ -162,11 +213,11 @@ fn run_step(dir: &Path, who: Who, script: &str) -> (bool, String, String) {
     )
 }
 
-/// Run every step in `dir`, asserting each succeeds or is refused as it
-/// must; returns what each printed.
-fn run_steps(what: &str, dir: &Path) -> Vec<String> {
+/// Run every step of `steps` in `dir`, asserting each succeeds or is
+/// refused as it must; returns what each printed.
+fn run_steps(what: &str, dir: &Path, steps: &[Step]) -> Vec<String> {
     let mut seen = Vec::new();
-    for (i, s) in STEPS.iter().enumerate() {
+    for (i, s) in steps.iter().enumerate() {
         let (ok, out, err) = run_step(dir, s.who, s.script);
         assert_eq!(
             ok,
@@ -178,7 +229,7 @@ fn run_steps(what: &str, dir: &Path) -> Vec<String> {
         );
         if !ok {
             assert!(
-                err.contains("Operation not permitted"),
+                err.contains(s.err),
                 "{what}: step {i} ({}) failed for another reason: {err}",
                 s.script
             );
@@ -204,7 +255,7 @@ fn immutable_and_append_only_work_as_in_the_kernel() {
         std::os::unix::fs::PermissionsExt::from_mode(0o777),
     )
     .unwrap();
-    let expected = run_steps("kernel btrfs", kernel.path());
+    let expected = run_steps("kernel btrfs", kernel.path(), STEPS);
     kernel.unmount().unwrap();
 
     let m = start_mount(
@@ -217,7 +268,7 @@ fn immutable_and_append_only_work_as_in_the_kernel() {
         std::os::unix::fs::PermissionsExt::from_mode(0o777),
     )
     .unwrap();
-    let got = run_steps("ubtrfs", m.path());
+    let got = run_steps("ubtrfs", m.path(), STEPS);
     m.unmount().unwrap();
     for (e, g) in expected.iter().zip(&got) {
         assert_eq!(g, e, "ubtrfs printed otherwise than the kernel");
@@ -233,5 +284,123 @@ fn immutable_and_append_only_work_as_in_the_kernel() {
         got[STEPS.len() - 1],
         "the kernel reads otherwise what ubtrfs wrote"
     );
+    kernel.unmount().unwrap();
+}
+
+/// The compression property (`btrfs.compression`), as `btrfs property
+/// set` and `setfattr` make it, and `chattr +c`, which brings it.
+const PROP_STEPS: &[Step] = &[
+    root(
+        true,
+        "mkdir pd && setfattr -n btrfs.compression -v zstd pd && touch pd/f && mkdir pd/sub \
+         && ln -s x pd/sl && mkfifo pd/fifo \
+         && getfattr -h -d -m btrfs pd/f pd/sub pd/sl pd/fifo && lsattr -d pd pd/f pd/sub",
+    ),
+    root(
+        true,
+        "touch g && for v in zstd:3 lzo none no ''; do setfattr -n btrfs.compression -v \"$v\" g \
+         && getfattr -h --only-values -n btrfs.compression g; echo; lsattr g; done",
+    ),
+    einval("setfattr -n btrfs.compression -v bogus g"),
+    einval("setfattr -n btrfs.compression -v ZSTD g"),
+    einval("setfattr -n btrfs.bogus -v 1 g"),
+    einval("touch nc && chattr +C nc && setfattr -n btrfs.compression -v zlib nc"),
+    root(
+        true,
+        "setfattr -n btrfs.compression -v zlib g && setfattr -x btrfs.compression g && lsattr g \
+         && getfattr -h -d -m btrfs g",
+    ),
+    // chattr +c names the mount's algorithm (zlib without one), +m and -c
+    // take the property away.
+    root(
+        true,
+        "touch a b c && chattr +c a && chattr +m b && setfattr -n btrfs.compression -v zstd c \
+         && chattr -c c && getfattr -h -d -m btrfs a b c; lsattr a b c",
+    ),
+    root(
+        true,
+        "setfattr -n btrfs.compression -v lzo c && chattr +A c \
+         && getfattr -h -d -m btrfs c && lsattr c",
+    ),
+    // Written data is compressed as the property says.
+    root(
+        true,
+        "yes 'the same line again' | head -c 2000000 > pd/f && yes 'other words' \
+         | head -c 1000000 > pd/sub/g && sync && du -k --apparent-size pd/f pd/sub/g",
+    ),
+];
+
+/// How many file extents of tree 5 in `img` are compressed with zstd,
+/// and whether its superblock says zstd is used.
+fn zstd_use(img: &Path) -> (usize, bool) {
+    let tree = run_args(
+        "btrfs",
+        [
+            "inspect-internal".as_ref(),
+            "dump-tree".as_ref(),
+            "-t".as_ref(),
+            "5".as_ref(),
+            img.as_os_str(),
+        ],
+    )
+    .unwrap();
+    let sup = run_args(
+        "btrfs",
+        [
+            "inspect-internal".as_ref(),
+            "dump-super".as_ref(),
+            img.as_os_str(),
+        ],
+    )
+    .unwrap();
+    let flags = sup
+        .lines()
+        .find_map(|l| l.strip_prefix("incompat_flags"))
+        .and_then(|v| u64::from_str_radix(v.trim().trim_start_matches("0x"), 16).ok())
+        .unwrap_or(0);
+    (
+        tree.matches("extent compression 3 (zstd)").count(),
+        flags & (1 << 4) != 0,
+    )
+}
+
+#[test]
+fn compression_property_works_as_in_the_kernel() {
+    require_privileged!();
+    for tool in ["chattr", "lsattr", "setfattr", "getfattr"] {
+        assert!(which(tool).is_some(), "{tool} not found");
+    }
+    let t = TestDir::new("mount-prop").unwrap();
+    let kernel_img = new_image(&t, "kernel.img", IMAGE_SIZE);
+    let ubtrfs_img = new_image(&t, "ubtrfs.img", IMAGE_SIZE);
+
+    let kernel = Mount::single(&kernel_img, &t.join("kernel"), "").unwrap();
+    let expected = run_steps("kernel btrfs", kernel.path(), PROP_STEPS);
+    kernel.unmount().unwrap();
+
+    let m = start_mount(&ubtrfs_img, &t.join("fuse"), &["-o", "commit=300"]);
+    let got = run_steps("ubtrfs", m.path(), PROP_STEPS);
+    m.unmount().unwrap();
+    for (e, g) in expected.iter().zip(&got) {
+        assert_eq!(g, e, "ubtrfs printed otherwise than the kernel");
+    }
+    check_image(&ubtrfs_img);
+    let (kernel_zstd, kernel_flag) = zstd_use(&kernel_img);
+    let (ours, our_flag) = zstd_use(&ubtrfs_img);
+    assert!(
+        kernel_zstd > 0 && kernel_flag,
+        "the kernel: {kernel_zstd} {kernel_flag}"
+    );
+    assert!(ours > 0, "no zstd extent from the property");
+    assert!(our_flag, "zstd extents, and the superblock does not say so");
+    // The kernel reads back what the property made.
+    let kernel = Mount::single(&ubtrfs_img, &t.join("kernel-reads"), "ro").unwrap();
+    let (ok, out, err) = run_step(
+        kernel.path(),
+        Who::Root,
+        "sha256sum pd/f pd/sub/g && getfattr -h -d -m btrfs pd/f pd/sub",
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("btrfs.compression=\"zstd\""), "{out}");
     kernel.unmount().unwrap();
 }

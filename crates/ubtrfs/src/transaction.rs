@@ -503,6 +503,18 @@ pub struct Writer {
 }
 
 impl Writer {
+    /// Add incompatible feature flags `bits` to the superblocks the next
+    /// commit or log sync writes (the trees now hold what needs them).
+    pub(crate) fn add_incompat(&mut self, bits: u64) {
+        for raw in self.dev_supers.values_mut() {
+            let sb = &mut raw[..];
+            let flags = u64::from_le_bytes(sb[0xbc..0xc4].try_into().unwrap_or_default());
+            if flags & bits != bits {
+                sb[0xbc..0xc4].copy_from_slice(&(flags | bits).to_le_bytes());
+            }
+        }
+    }
+
     /// The chunk tree UUID stamped in tree blocks.
     pub fn chunk_tree_uuid(&self) -> [u8; 16] {
         self.chunk_tree_uuid
@@ -592,6 +604,13 @@ impl Filesystem {
         if !has_fst {
             return Err(Error::Unsupported(
                 "writing a filesystem without the free-space tree (space_cache=v2)".into(),
+            ));
+        }
+        // A tree the kernel was building when it stopped: it rebuilds it
+        // at its next mount; ubtrfs would allocate from it as it is.
+        if sb.compat_ro_flags & COMPAT_RO_FREE_SPACE_TREE_VALID == 0 {
+            return Err(Error::Unsupported(
+                "writing a filesystem whose free-space tree is marked not valid (a mount by the kernel rebuilds it)".into(),
             ));
         }
         if sb.incompat_flags & INCOMPAT_MIXED_GROUPS != 0 {

@@ -274,7 +274,8 @@ fn send(dir: &std::fs::File, request: &SubvolRequest) -> Result<()> {
             (_, libc::EACCES) => "no permission to add a name in that directory",
             (SubvolRequest::Destroy { .. }, libc::EINVAL | libc::ENOTDIR) => "not a subvolume",
             (SubvolRequest::Destroy { .. }, libc::EPERM) => {
-                "the top-level and the default subvolume are never deleted"
+                "the top-level and the default subvolume are never deleted, nor one that is \
+                 immutable or append-only or in such a directory"
             }
             (SubvolRequest::Destroy { .. }, libc::ENOTEMPTY) => "it holds other subvolumes",
             (_, libc::EEXIST) => "the name exists",

@@ -50,6 +50,8 @@ pub(super) struct Change {
     pub atime: Option<TimeOrNow>,
     pub mtime: Option<TimeOrNow>,
     pub ctime: Option<SystemTime>,
+    /// The request came through an open file (`FATTR_FH`).
+    pub open_file: bool,
 }
 
 impl FuseFs {
@@ -197,6 +199,9 @@ impl FuseFs {
             TimeOrNow::Now => now,
             TimeOrNow::SpecificTime(t) => timespec(t),
         };
+        // utimensat with times of its own sets the access time; the times
+        // the writeback cache sends back never do.
+        let explicit_atime = matches!(c.atime, Some(TimeOrNow::SpecificTime(_)));
         let mut attr = SetAttr {
             mode: c.mode.map(|m| m & 0o7777),
             uid: c.uid,
@@ -205,6 +210,10 @@ impl FuseFs {
             atime: c.atime.map(at),
             mtime: c.mtime.map(at),
             ctime: c.ctime.map(timespec),
+            drops_set_id: false,
+            // The times the writeback cache sends after writes, through
+            // the file written: never an access time.
+            times_of_writes: c.open_file && c.atime.is_none(),
         };
         let times_only = SetAttr {
             atime: None,
@@ -214,9 +223,20 @@ impl FuseFs {
         } == SetAttr::default();
         let changed = self.served.write(|fs| {
             let change = |attr: &mut SetAttr| -> ubtrfs::Result<Stat> {
+                let st = fs.stat(id)?;
+                // As in the kernel: times of the caller's own are refused
+                // on an append-only file (the library lets its writes'
+                // times through).
+                if explicit_atime && st.flags & ubtrfs::format::consts::INODE_APPEND != 0 {
+                    return Err(ubtrfs::Error::NotPermitted(format!(
+                        "setting times: inode {} is append-only",
+                        id.ino
+                    )));
+                }
                 if self.killpriv() && attr.mode.is_none() {
                     // See the module documentation; an explicit mode wins.
-                    attr.mode = self.mode_killed(req, &fs.stat(id)?, attr);
+                    attr.mode = self.mode_killed(req, &st, attr);
+                    attr.drops_set_id = attr.mode.is_some();
                 }
                 fs.setattr(id, *attr)
             };
@@ -428,6 +448,7 @@ fn kill_privs(fs: &Filesystem, id: InodeId) -> Result<bool, Errno> {
     };
     let change = SetAttr {
         mode: Some(mode),
+        drops_set_id: true,
         ..SetAttr::default()
     };
     fs.setattr(id, change).map_err(errno)?;

@@ -61,6 +61,11 @@ const MAX_NEW_CHUNKS: usize = 64;
 impl Filesystem {
     /// Write `data` at `offset` of file `id`; returns the bytes written.
     /// The data is held dirty until writeback (at the latest, the commit).
+    /// As with `write(2)`, the immutable and append-only flags are checked
+    /// when the file is opened for writing
+    /// ([`Filesystem::check_open_for_write`]), not here: a file made
+    /// immutable while open still takes writes, as in the kernel, and a
+    /// writeback cache may send an append's pages in any order.
     pub fn write(&self, id: InodeId, offset: u64, data: &[u8]) -> Result<usize> {
         self.write_data(id, offset, data, true)
     }
@@ -79,7 +84,8 @@ impl Filesystem {
             }
             let mut w = self.writer()?;
             w.check_writable(id.subvol)?;
-            let inode = self.inode_item_to_change(id, Allowed::Growth, "write")?;
+            // The immutable and append-only flags were the opener's to check.
+            let inode = self.inode_item_to_change(id, Allowed::Anything, "write")?;
             match FileKind::from_mode(inode.mode) {
                 Some(FileKind::File) => {}
                 Some(FileKind::Dir) => return Err(Error::IsDir(format!("inode {}", id.ino))),
@@ -94,18 +100,6 @@ impl Filesystem {
                 .checked_add(data.len() as u64)
                 .filter(|&e| e <= i64::MAX as u64)
                 .ok_or_else(|| Error::Invalid("write past the largest file size".into()))?;
-            if inode.flags & INODE_APPEND != 0 && offset < inode.size {
-                // An append-only file only grows. A writeback cache sends
-                // whole pages, the bytes already there with the new ones:
-                // those may come again, unchanged.
-                let n = (inode.size - offset).min(data.len() as u64) as usize;
-                if self.read(id, offset, n)? != data[..n] {
-                    return Err(Error::NotPermitted(format!(
-                        "write at {offset}: inode {} in subvolume {} is append-only",
-                        id.ino, id.subvol
-                    )));
-                }
-            }
             if inode.flags & INODE_NODATACOW != 0 {
                 // Writeback overwrites these sectors in place: a damaged
                 // extent there fails this write, not the commit.
@@ -797,17 +791,27 @@ impl Filesystem {
     }
 
     /// How new extents of `id` are compressed, if at all: the inode's
-    /// no-compress flag wins, then the filesystem's setting (the mount
-    /// option), then the inode's compress flag (zlib, as the kernel's default).
+    /// no-compress flag wins; then the algorithm of its compression
+    /// property (`btrfs.compression`, which comes with the compress
+    /// flag), else the filesystem's setting (the mount option), else zlib
+    /// for the compress flag, as in the kernel.
     fn compression_for(&self, w: &Writer, id: InodeId) -> Result<Option<CompressWith>> {
         let flags = self.inode_item(id)?.flags;
         if flags & (INODE_NOCOMPRESS | INODE_NODATACOW | INODE_NODATASUM) != 0 {
             return Ok(None);
         }
-        let (kind, level) = match w.compress {
-            Some(c) => c,
-            None if flags & INODE_COMPRESS != 0 => (Compression::Zlib, None),
-            None => return Ok(None),
+        let prop = if flags & INODE_COMPRESS != 0 {
+            self.compression_prop(id)?
+        } else {
+            None
+        };
+        let (kind, level) = match (prop, w.compress) {
+            // The mount's level goes with its own algorithm only.
+            (Some(k), Some((mk, ml))) => (k, if k == mk { ml } else { None }),
+            (Some(k), None) => (k, None),
+            (None, Some(c)) => c,
+            (None, None) if flags & INODE_COMPRESS != 0 => (Compression::Zlib, None),
+            (None, None) => return Ok(None),
         };
         Ok(Some(CompressWith {
             kind,
@@ -879,6 +883,15 @@ impl Filesystem {
         // The space is held: a failure before its extents are in leaves it
         // held, and the data taken.
         crate::transaction::abort::note_edit();
+        // A kernel that cannot read LZO or zstd must refuse the filesystem,
+        // not fail its reads: as the kernel, say the filesystem has them.
+        for p in &c.pieces {
+            match p.kind {
+                Compression::Lzo => w.add_incompat(INCOMPAT_COMPRESS_LZO),
+                Compression::Zstd => w.add_incompat(INCOMPAT_COMPRESS_ZSTD),
+                _ => {}
+            }
+        }
         let contiguous = places
             .iter()
             .zip(&c.pieces)

@@ -9,6 +9,7 @@ use super::acl::Which;
 use super::dir::name_hash;
 use super::inode::{FileKind, InodeId, Stat};
 use super::open::Filesystem;
+use super::props::is_property;
 use crate::format::Key;
 use crate::format::consts::*;
 use crate::format::items::{DirItem, Timespec};
@@ -43,6 +44,16 @@ pub struct SetAttr {
     pub mtime: Option<Timespec>,
     /// The change time to record; by default the time of the call.
     pub ctime: Option<Timespec>,
+    /// The mode change only drops set-user-ID and set-group-ID bits, as
+    /// a write or truncate by an unprivileged caller does: the kernel
+    /// does that to immutable and append-only files too, which refuse an
+    /// explicit mode change.
+    pub drops_set_id: bool,
+    /// The modification and change times are those writes through a file
+    /// opened for writing brought (a writeback cache sends them after the
+    /// writes): they are set on a file made immutable or append-only
+    /// since it was opened, as the kernel's own updates of them are.
+    pub times_of_writes: bool,
 }
 
 fn show(name: &[u8]) -> String {
@@ -81,23 +92,31 @@ impl Filesystem {
                 || attr.atime.is_some()
                 || attr.mtime.is_some()
                 || attr.ctime.is_some();
+            // An append-only inode takes new times (its writes bring them)
+            // and loses set-ID bits as any file does, nothing else; a size
+            // is refused even when it is the size the file has.
+            let mode_dropped = attr.drops_set_id
+                && attr.mode.is_some_and(|m| {
+                    m & 0o7777 == item.mode & 0o7777 & !(libc::S_ISUID | libc::S_ISGID)
+                });
+            let allowed = match (attr.uid, attr.gid, attr.size) {
+                (None, None, None)
+                    if attr.mode.is_none() && attr.atime.is_none() && attr.times_of_writes =>
+                {
+                    Allowed::Anything
+                }
+                (None, None, None) if attr.mode.is_none() => Allowed::Growth,
+                (None, None, None) if mode_dropped && attr.atime.is_none() => Allowed::Anything,
+                _ => Allowed::Nothing,
+            };
+            if attr.size.is_some() || others {
+                self.check_fixed(id, &item, allowed, "setattr")?;
+            }
             if resize.is_none() && !others {
                 return Stat::from_item(id, &item).ok_or_else(|| {
                     Error::corrupt(format!("inode {} has mode {:#o}", id.ino, item.mode))
                 });
             }
-            // An append-only inode takes new times (its writes bring them),
-            // nothing else.
-            let only_times = attr.mode.is_none()
-                && attr.uid.is_none()
-                && attr.gid.is_none()
-                && attr.size.is_none();
-            let allowed = if only_times {
-                Allowed::Growth
-            } else {
-                Allowed::Nothing
-            };
-            self.check_fixed(id, &item, allowed, "setattr")?;
             // Growing may need space; everything else may use the reserve.
             let mut w = match resize {
                 Some(s) if s > item.size => self.writer()?,
@@ -169,8 +188,12 @@ impl Filesystem {
             )));
         }
         let mut w = self.writer()?;
-        self.writable_inode(id)?;
-        self.put_xattr(&mut w, id, name, value, flags)?;
+        let item = self.writable_inode(id)?;
+        if is_property(name) {
+            self.set_property(&mut w, id, &item, name, Some(value), flags)?;
+        } else {
+            self.put_xattr(&mut w, id, name, value, flags)?;
+        }
         let now = Timespec::now();
         self.change_inode(&mut w, id, |i| i.ctime = now)?;
         Ok(())
@@ -242,8 +265,10 @@ impl Filesystem {
         self.change("removexattr", || {
             check_xattr_name(name)?;
             let mut w = self.writer_deleting()?;
-            self.writable_inode(id)?;
-            if !self.delete_xattr(&mut w, id, name)? {
+            let item = self.writable_inode(id)?;
+            if is_property(name) {
+                self.set_property(&mut w, id, &item, name, None, 0)?;
+            } else if !self.delete_xattr(&mut w, id, name)? {
                 return Err(Error::NotFound(format!("xattr {}", show(name))));
             }
             let now = Timespec::now();
@@ -287,22 +312,23 @@ impl Filesystem {
         Ok(true)
     }
 
-    /// Check that `id` is a real inode whose xattrs may change.
-    fn writable_inode(&self, id: InodeId) -> Result<()> {
+    /// The item of `id`, a real inode whose xattrs may change.
+    fn writable_inode(&self, id: InodeId) -> Result<crate::format::items::InodeItem> {
         if id.is_placeholder() {
             return Err(Error::ReadOnly(
                 "placeholder of an unreachable subvolume".into(),
             ));
         }
         let item = self.inode_item(id)?;
-        self.check_fixed(id, &item, Allowed::Nothing, "xattr change")
+        self.check_fixed(id, &item, Allowed::Nothing, "xattr change")?;
+        Ok(item)
     }
 }
 
-/// Names the kernel stores as plain xattrs: the `user.`, `trusted.` and
-/// `security.` namespaces, and the two POSIX ACLs of `system.` (see
-/// `acl.rs`). Other `system.` names and properties (`btrfs.`) have
-/// meanings this library does not implement yet.
+/// Names the kernel stores as xattrs: the `user.`, `trusted.` and
+/// `security.` namespaces, the two POSIX ACLs of `system.` (see
+/// `acl.rs`) and properties (`btrfs.`, see `props.rs`). Other `system.`
+/// names have meanings this library does not implement.
 fn check_xattr_name(name: &[u8]) -> Result<()> {
     if name.is_empty() || name.len() > XATTR_NAME_MAX {
         return Err(Error::Invalid(format!(
@@ -316,12 +342,12 @@ fn check_xattr_name(name: &[u8]) -> Result<()> {
     if Which::of(name).is_some() {
         return Ok(());
     }
-    let plain = [&b"user."[..], b"trusted.", b"security."];
+    let plain = [&b"user."[..], b"trusted.", b"security.", b"btrfs."];
     match plain.iter().find(|p| name.starts_with(p)) {
         Some(p) if name.len() > p.len() => Ok(()),
         Some(_) => Err(Error::Invalid(format!("empty xattr name {}", show(name)))),
         None => Err(Error::Unsupported(format!(
-            "xattr {}: only the user., trusted. and security. namespaces are supported",
+            "xattr {}: only the user., trusted., security. and btrfs. namespaces are supported",
             show(name)
         ))),
     }

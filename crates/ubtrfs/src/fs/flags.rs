@@ -3,6 +3,8 @@
 
 use super::inode::{FileKind, InodeId};
 use super::open::Filesystem;
+use super::props::COMPRESSION_PROP;
+use crate::data::compression::Compression;
 use crate::format::consts::*;
 use crate::{Error, Result};
 
@@ -27,6 +29,9 @@ pub(crate) enum Allowed {
     /// Only growth: an append-only file may gain data at its end and new
     /// times, an append-only directory new entries.
     Growth,
+    /// Anything: the flags were checked when the file was opened
+    /// ([`Filesystem::check_open_for_write`]).
+    Anything,
 }
 
 impl Filesystem {
@@ -42,7 +47,9 @@ impl Filesystem {
         allowed: Allowed,
         what: &str,
     ) -> Result<()> {
-        let fixed = if item.flags & INODE_IMMUTABLE != 0 {
+        let fixed = if allowed == Allowed::Anything {
+            return Ok(());
+        } else if item.flags & INODE_IMMUTABLE != 0 {
             "immutable"
         } else if item.flags & INODE_APPEND != 0 && allowed == Allowed::Nothing {
             "append-only"
@@ -62,6 +69,29 @@ impl Filesystem {
             return Ok(());
         }
         self.check_fixed(id, &self.inode_item(id)?, allowed, what)
+    }
+
+    /// Whether file `id` may be opened for writing (`append`: with
+    /// `O_APPEND`), as the kernel decides at open: never an immutable or
+    /// fs-verity file, an append-only one only to append. A write through
+    /// a file so opened is not checked again ([`Filesystem::write`]).
+    pub fn check_open_for_write(&self, id: InodeId, append: bool) -> Result<()> {
+        if id.is_placeholder() {
+            return Ok(());
+        }
+        let item = self.inode_item(id)?;
+        if item.flags & INODE_RO_VERITY != 0 {
+            return Err(Error::NotPermitted(format!(
+                "inode {} in subvolume {} is an fs-verity file: its data never changes",
+                id.ino, id.subvol
+            )));
+        }
+        let allowed = if append {
+            Allowed::Growth
+        } else {
+            Allowed::Nothing
+        };
+        self.check_fixed(id, &item, allowed, "open for writing")
     }
 
     /// Replace the settable flags of `id` with `flags`. No-COW can only be
@@ -100,11 +130,29 @@ impl Filesystem {
             if new & INODE_COMPRESS != 0 && new & INODE_NOCOMPRESS != 0 {
                 return Err(Error::Invalid("compress and nocompress together".into()));
             }
+            if new & INODE_COMPRESS != 0 && new & (INODE_NODATACOW | INODE_NODATASUM) != 0 {
+                return Err(Error::Invalid(
+                    "compression of a no-COW or no-checksum inode".into(),
+                ));
+            }
             let now = crate::format::items::Timespec::now();
             let item = self.change_inode(&mut w, id, |i| {
                 i.flags = new;
                 i.ctime = now;
             })?;
+            // As in the kernel: the compress flag brings the compression
+            // property, named for the mount's algorithm (zlib without
+            // one), even over another; without the flag the property goes.
+            if new & INODE_COMPRESS != 0 {
+                let kind = w
+                    .compress
+                    .map(|(k, _)| k)
+                    .filter(|&k| k != Compression::None)
+                    .unwrap_or(Compression::Zlib);
+                self.put_xattr(&mut w, id, COMPRESSION_PROP, kind.name().as_bytes(), 0)?;
+            } else {
+                self.delete_xattr(&mut w, id, COMPRESSION_PROP)?;
+            }
             Ok(item.flags)
         })
     }
@@ -187,15 +235,59 @@ mod tests {
             refused(fs.unlink(top, name), "unlink", fixed);
             refused(fs.rename(top, name, top, b"moved", 0), "rename", fixed);
         }
-        // Immutable: no data, no times.
-        refused(fs.write(i, 6, b"more"), "append to immutable", "immutable");
+        // Immutable: never opened for writing, no times.
+        refused(
+            fs.check_open_for_write(i, true),
+            "open to append",
+            "immutable",
+        );
+        refused(
+            fs.check_open_for_write(i, false),
+            "open to write",
+            "immutable",
+        );
         refused(fs.setattr(i, times), "times of immutable", "immutable");
-        // Append-only: data at its end (the bytes there may come again),
-        // and times.
-        refused(fs.write(a, 0, b"FIRST\n"), "overwrite", "append-only");
+        // Append-only: opened to append only, and new times.
+        refused(
+            fs.check_open_for_write(a, false),
+            "open to write",
+            "append-only",
+        );
+        fs.check_open_for_write(a, true).unwrap();
         fs.write(a, 0, b"first\nsecond\n").unwrap();
         fs.write(a, 13, b"\nthird").unwrap();
         fs.setattr(a, times).unwrap();
+        // Set-ID bits go, as any write by another user drops them; an
+        // explicit mode, or a size even the same, does not.
+        let a_mode = fs.stat(a).unwrap().mode & 0o7777;
+        let drop = SetAttr {
+            mode: Some(a_mode),
+            drops_set_id: true,
+            ..Default::default()
+        };
+        refused(
+            fs.setattr(
+                a,
+                SetAttr {
+                    mode: Some(a_mode | libc::S_ISUID),
+                    ..drop
+                },
+            ),
+            "set-ID",
+            "append-only",
+        );
+        fs.setattr(a, drop).unwrap();
+        refused(
+            fs.setattr(
+                a,
+                SetAttr {
+                    size: Some(fs.stat(a).unwrap().size),
+                    ..Default::default()
+                },
+            ),
+            "same size",
+            "append-only",
+        );
         fs.fallocate(a, libc::FALLOC_FL_KEEP_SIZE as u32, 0, 100)
             .unwrap();
         assert_eq!(fs.read(a, 0, 100).unwrap(), b"first\nsecond\n\nthird");
@@ -235,6 +327,9 @@ mod tests {
         fs.rename(top, b"plain", da, b"plain", 0).unwrap();
         refused(fs.rmdir(top, b"di"), "rmdir of immutable", "immutable");
         assert!(fs.aborted().is_none(), "a refusal is no abort");
+        // What was opened before stays writable (the flags are checked at
+        // open, as in the kernel).
+        fs.write(i, 0, b"F").unwrap();
         // Cleared, everything goes again.
         fs.set_flags(i, 0).unwrap();
         fs.set_flags(di, 0).unwrap();
@@ -277,6 +372,7 @@ mod tests {
         );
         fs.commit().unwrap();
         let verity = "fs-verity";
+        refused(fs.check_open_for_write(v, true), "open", verity);
         refused(fs.write(v, 0, b"x"), "write", verity);
         refused(fs.write(v, 20_000, b"x"), "append", verity);
         refused(fs.truncate(v, 100), "truncate", verity);

@@ -169,7 +169,7 @@ impl Filesystem {
         }
         let what = match allowed {
             Allowed::Growth => "a new name in the directory",
-            Allowed::Nothing => "a name out of the directory",
+            Allowed::Nothing | Allowed::Anything => "a name out of the directory",
         };
         self.check_fixed(dir, &item, allowed, what)?;
         Ok(item)
@@ -481,6 +481,7 @@ impl Filesystem {
         self.index_left(w, dir)?;
         self.put_inode(w, id, &item)?;
         self.add_name(w, dir, name, id, kind, now)?;
+        self.inherit_properties(w, dir, parent.flags, id, kind, item.flags)?;
         Ok(id)
     }
 

@@ -876,32 +876,45 @@ fn superblock_generation_at_its_end_is_corrupt() {
     );
 }
 
-/// A read-only-compatible feature flag this version does not know (a
-/// newer kernel's): the filesystem is read, and writing it is refused by
-/// name, as the kernel refuses a read-write mount.
-#[test]
-fn unknown_read_only_feature_is_read_not_written() {
-    let dir = tempfile::tempdir().unwrap();
-    let (img, ex) = single_image(dir.path(), "single", "single", 128 * MIB);
+/// Set bits `set` and clear bits `clear` of the read-only-compatible
+/// feature flags in both superblocks of `img` (checksums right).
+fn change_compat_ro(img: &Path, set: u64, clear: u64) {
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .open(&img)
+        .open(img)
         .unwrap();
     for at in [0x1_0000u64, 0x400_0000] {
         let mut b = vec![0u8; 4096];
         f.read_exact_at(&mut b, at).unwrap();
-        let flags = u64::from_le_bytes(b[0xb4..0xbc].try_into().unwrap()) | 1 << 10;
+        let flags = u64::from_le_bytes(b[0xb4..0xbc].try_into().unwrap()) & !clear | set;
         b[0xb4..0xbc].copy_from_slice(&flags.to_le_bytes());
         let sum = crc32c::crc32c(&b[32..]);
         b[..4].copy_from_slice(&sum.to_le_bytes());
         f.write_all_at(&b, at).unwrap();
     }
+}
+
+/// A read-only-compatible feature flag this version does not know (a
+/// newer kernel's): the filesystem is read, and writing it is refused by
+/// name, as the kernel refuses a read-write mount. A free-space tree the
+/// kernel marked not valid (it was building it) is not written either.
+#[test]
+fn unknown_read_only_feature_is_read_not_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let (img, ex) = single_image(dir.path(), "single", "single", 128 * MIB);
+    change_compat_ro(&img, 1 << 10, 0);
     let e = Filesystem::open_read_write(&[&img])
         .err()
         .expect("opened for writing");
     assert!(matches!(e, Error::Unsupported(_)), "{e}");
     assert!(e.to_string().contains("0x400"), "{e}");
+    check_all(&open(&[&img]), &ex);
+    change_compat_ro(&img, 0, 1 << 10 | 1 << 1);
+    let e = Filesystem::open_read_write(&[&img])
+        .err()
+        .expect("opened for writing");
+    assert!(e.to_string().contains("free-space tree"), "{e}");
     check_all(&open(&[&img]), &ex);
 }
 

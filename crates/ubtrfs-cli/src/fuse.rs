@@ -168,9 +168,6 @@ const COOKIE_BASE: u64 = 2;
 pub struct Options {
     /// The directory that becomes the mount's root: a subvolume's root.
     pub root: InodeId,
-    /// Inode flags every new regular file gets (the `nodatacow` and
-    /// `nodatasum` mount options), as the kernel gives them.
-    pub new_file_flags: u64,
     /// Serve over io_uring when the kernel offers it (`uring` option).
     pub uring: bool,
     /// Where it is mounted (canonical): a snapshot's source must be in
@@ -186,7 +183,6 @@ pub struct FuseFs {
     root: InodeId,
     /// Data sector size: `st_blocks` counts whole sectors, as the kernel does.
     sectorsize: u64,
-    new_file_flags: u64,
     /// What the kernel agreed to at init.
     agreed: Arc<Agreed>,
     stats: Arc<control::Stats>,
@@ -289,7 +285,6 @@ impl FuseFs {
             served,
             root: opts.root,
             sectorsize,
-            new_file_flags: opts.new_file_flags,
             agreed: Arc::default(),
             stats: Arc::default(),
             held_until_forget: Arc::default(),
@@ -791,6 +786,14 @@ impl FuseFs {
             Ok(_) if !self.served.writable() => {
                 reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
             }
+            // An append-only file opened for writing bypasses the page
+            // cache: each write then comes with the file's flags, and one
+            // that dropped O_APPEND (fcntl) is refused in `on_write`; a
+            // shared writable mapping is refused by the kernel.
+            Ok(st) if writing && st.flags & ubtrfs::format::consts::INODE_APPEND != 0 => {
+                self.served.read(|fs| fs.hold_inode(id));
+                reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO)
+            }
             // O_TRUNC reaches `setattr` first (no atomic O_TRUNC asked for).
             // The open file keeps its inode alive if its last name goes.
             Ok(_) => {
@@ -1272,12 +1275,29 @@ impl FuseFs {
         offset: u64,
         data: &[u8],
         write_flags: fuser::WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: R,
     ) {
         self.stats.count(Counter::Write);
         self.stats.max(Counter::MaxWrite, data.len() as u64);
+        // A write past the page cache comes with the file's flags: to an
+        // append-only file, only with O_APPEND (the kernel's check on
+        // fcntl, which FUSE leaves to the filesystem). The page cache's
+        // own writes were allowed when their file was opened.
+        if !write_flags.contains(fuser::WriteFlags::FUSE_WRITE_CACHE)
+            && flags.0 & libc::O_APPEND == 0
+        {
+            let append_only = self.served.read(|fs| {
+                self.stat(fs, ino)
+                    .map(|st| st.flags & ubtrfs::format::consts::INODE_APPEND != 0)
+            });
+            match append_only {
+                Ok(false) => {}
+                Ok(true) => return reply.error(Errno::EPERM),
+                Err(e) => return reply.error(e),
+            }
+        }
         let kill = write_flags.contains(fuser::WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         let reply: Box<dyn WriteAnswer> = Box::new(reply);
         let deferred = self.deferred.get().filter(|d| {
@@ -1568,8 +1588,20 @@ impl FuseFs {
                 // Flags chattr cannot see here are kept as they are.
                 let mapped = FS_FLAG_MAP.iter().fold(0, |a, (_, b)| a | b);
                 let change = |fs: &ubtrfs::fs::Filesystem| {
-                    let cur = fs.stat(id)?.flags & ubtrfs::fs::SETTABLE_FLAGS;
-                    fs.set_flags(id, (cur & !mapped) | flags)
+                    use ubtrfs::format::consts::{INODE_NODATACOW, INODE_NODATASUM};
+                    let st = fs.stat(id)?;
+                    let cur = st.flags & ubtrfs::fs::SETTABLE_FLAGS;
+                    let mut want = (cur & !mapped) | flags;
+                    // As the kernel's: a file with data keeps its no-COW and
+                    // no-checksum (no-COW asked for is silently not set); an
+                    // empty one not asked for no-COW loses no-checksum too.
+                    let cow = INODE_NODATACOW | INODE_NODATASUM;
+                    if st.kind == FileKind::File && st.size > 0 {
+                        want = (want & !cow) | (cur & cow);
+                    } else if st.kind == FileKind::File && want & INODE_NODATACOW == 0 {
+                        want &= !INODE_NODATASUM;
+                    }
+                    fs.set_flags(id, want)
                 };
                 match self.served.write(|fs| change(fs).map_err(errno)) {
                     Ok(_) => reply.ioctl(0, &[]),

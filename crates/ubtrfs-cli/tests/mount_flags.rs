@@ -117,6 +117,24 @@ const STEPS: &[Step] = &[
          os.write(fd, b'c\\n'); os.close(fd)\" && cat g && stat -c %s g",
     ),
     root(false, "touch -d @1000000000 g"),
+    root(false, "touch -m -d @1000000000 g"),
+    // Dropping O_APPEND (refused by the kernel at fcntl, by the mount at
+    // the write), a shared writable mapping (refused at mmap).
+    root(
+        false,
+        "python3 -c \"import os, fcntl\n\
+fd = os.open('g', os.O_WRONLY | os.O_APPEND)\n\
+fcntl.fcntl(fd, fcntl.F_SETFL, 0)\n\
+os.pwrite(fd, b'XX', 0)\"",
+    ),
+    root(
+        true,
+        "python3 -c \"import os, mmap\n\
+fd = os.open('g', os.O_RDWR | os.O_APPEND)\n\
+try:\n\tm = mmap.mmap(fd, 2, mmap.MAP_SHARED, mmap.PROT_WRITE)\n\
+\tm[0:2] = b'XX'; m.flush(); print('written')\n\
+except OSError:\n\tprint('refused')\" && cat g",
+    ),
     root(
         false,
         "python3 -c \"import os; os.truncate('g', os.stat('g').st_size)\"",
@@ -188,7 +206,8 @@ os.pwrite(fd, b'ab', 1); os.write(fd, b'Z'); os.close(fd)\" && cat early && lsat
 
 /// Run `script` with `sh -c` in `dir` as `who`; returns whether it
 /// succeeded, and its stdout and stderr.
-fn run_step(dir: &Path, who: Who, script: &str) -> (bool, String, String) {
+/// `$BTRFS` in a step: the command that makes subvolumes on the target.
+fn run_step(dir: &Path, who: Who, script: &str, btrfs: &str) -> (bool, String, String) {
     let mut cmd = match who {
         Who::Root => Command::new("sh"),
         Who::User => {
@@ -202,6 +221,7 @@ fn run_step(dir: &Path, who: Who, script: &str) -> (bool, String, String) {
     };
     let out = cmd
         .args(["-c", script])
+        .env("BTRFS", btrfs)
         .current_dir(dir)
         .stdin(Stdio::null())
         .output()
@@ -215,10 +235,10 @@ fn run_step(dir: &Path, who: Who, script: &str) -> (bool, String, String) {
 
 /// Run every step of `steps` in `dir`, asserting each succeeds or is
 /// refused as it must; returns what each printed.
-fn run_steps(what: &str, dir: &Path, steps: &[Step]) -> Vec<String> {
+fn run_steps(what: &str, dir: &Path, steps: &[Step], btrfs: &str) -> Vec<String> {
     let mut seen = Vec::new();
     for (i, s) in steps.iter().enumerate() {
-        let (ok, out, err) = run_step(dir, s.who, s.script);
+        let (ok, out, err) = run_step(dir, s.who, s.script, btrfs);
         assert_eq!(
             ok,
             s.ok,
@@ -255,7 +275,7 @@ fn immutable_and_append_only_work_as_in_the_kernel() {
         std::os::unix::fs::PermissionsExt::from_mode(0o777),
     )
     .unwrap();
-    let expected = run_steps("kernel btrfs", kernel.path(), STEPS);
+    let expected = run_steps("kernel btrfs", kernel.path(), STEPS, "btrfs");
     kernel.unmount().unwrap();
 
     let m = start_mount(
@@ -268,7 +288,7 @@ fn immutable_and_append_only_work_as_in_the_kernel() {
         std::os::unix::fs::PermissionsExt::from_mode(0o777),
     )
     .unwrap();
-    let got = run_steps("ubtrfs", m.path(), STEPS);
+    let got = run_steps("ubtrfs", m.path(), STEPS, common::ubtrfs_bin());
     m.unmount().unwrap();
     for (e, g) in expected.iter().zip(&got) {
         assert_eq!(g, e, "ubtrfs printed otherwise than the kernel");
@@ -277,7 +297,7 @@ fn immutable_and_append_only_work_as_in_the_kernel() {
     // What ubtrfs wrote is what the kernel reads.
     check_image(&ubtrfs_img);
     let kernel = Mount::single(&ubtrfs_img, &t.join("kernel-reads"), "ro").unwrap();
-    let (ok, out, err) = run_step(kernel.path(), Who::Root, SHOW_ALL);
+    let (ok, out, err) = run_step(kernel.path(), Who::Root, SHOW_ALL, "btrfs");
     assert!(ok, "{err}");
     assert_eq!(
         format!("step {} ({SHOW_ALL}):\n{out}", STEPS.len() - 1),
@@ -321,6 +341,37 @@ const PROP_STEPS: &[Step] = &[
         true,
         "setfattr -n btrfs.compression -v lzo c && chattr +A c \
          && getfattr -h -d -m btrfs c && lsattr c",
+    ),
+    // Symbolic links take it and keep nothing; a no-COW file may lose
+    // what it does not have.
+    root(
+        true,
+        "setfattr -h -n btrfs.compression -v zstd pd/sl && getfattr -h -d -m btrfs pd/sl; \
+         setfattr -n btrfs.compression -v '' nc && lsattr nc",
+    ),
+    Step {
+        who: Who::Root,
+        ok: false,
+        script: "setfattr -x btrfs.compression nc",
+        err: "No such attribute",
+    },
+    Step {
+        who: Who::Root,
+        ok: false,
+        script: "python3 -c \"import os; os.setxattr('g', 'btrfs.compression', b'', os.XATTR_REPLACE)\"",
+        err: "No data available",
+    },
+    einval("touch m && chattr +m m && chattr +C m"),
+    // Inherited as the algorithm's name; "none" as the flag only; by a
+    // new subvolume too.
+    root(
+        true,
+        "mkdir z5 nn && setfattr -n btrfs.compression -v zstd:5 z5 \
+         && setfattr -n btrfs.compression -v none nn && touch z5/f nn/f \
+         && $BTRFS subvolume create z5/sv > /dev/null && setfattr -n btrfs.compression -v lzo . \
+         && $BTRFS subvolume create nn/sv > /dev/null && setfattr -x btrfs.compression . \
+         && getfattr -h -d -m btrfs z5/f nn/f z5/sv nn/sv; lsattr z5/f nn/f \
+         && lsattr -d z5/sv nn/sv",
     ),
     // Written data is compressed as the property says.
     root(
@@ -375,11 +426,11 @@ fn compression_property_works_as_in_the_kernel() {
     let ubtrfs_img = new_image(&t, "ubtrfs.img", IMAGE_SIZE);
 
     let kernel = Mount::single(&kernel_img, &t.join("kernel"), "").unwrap();
-    let expected = run_steps("kernel btrfs", kernel.path(), PROP_STEPS);
+    let expected = run_steps("kernel btrfs", kernel.path(), PROP_STEPS, "btrfs");
     kernel.unmount().unwrap();
 
     let m = start_mount(&ubtrfs_img, &t.join("fuse"), &["-o", "commit=300"]);
-    let got = run_steps("ubtrfs", m.path(), PROP_STEPS);
+    let got = run_steps("ubtrfs", m.path(), PROP_STEPS, common::ubtrfs_bin());
     m.unmount().unwrap();
     for (e, g) in expected.iter().zip(&got) {
         assert_eq!(g, e, "ubtrfs printed otherwise than the kernel");
@@ -399,8 +450,45 @@ fn compression_property_works_as_in_the_kernel() {
         kernel.path(),
         Who::Root,
         "sha256sum pd/f pd/sub/g && getfattr -h -d -m btrfs pd/f pd/sub",
+        "btrfs",
     );
     assert!(ok, "{err}");
     assert!(out.contains("btrfs.compression=\"zstd\""), "{out}");
     kernel.unmount().unwrap();
+}
+
+/// Compression choices of directories with the mount's `nodatacow`: new
+/// files take the directory's flag and the mount's no-COW, not the
+/// property (the kernel does not let the two meet otherwise).
+const NODATACOW_STEPS: &[Step] = &[
+    root(
+        true,
+        "mkdir d && chattr +c d && touch d/f && mkdir d/s && lsattr d/f && lsattr -d d/s \
+         && getfattr -h -d -m btrfs d/f d/s; setfattr -n btrfs.compression -v zstd d \
+         && touch d/g && lsattr d/g && getfattr -h -d -m btrfs d/g",
+    ),
+    einval("echo x > e && chattr +c e"),
+    root(true, "lsattr e d/f"),
+];
+
+#[test]
+fn compression_choices_under_nodatacow_as_in_the_kernel() {
+    require_privileged!();
+    let t = TestDir::new("mount-prop-nodatacow").unwrap();
+    let kernel_img = new_image(&t, "kernel.img", IMAGE_SIZE);
+    let ubtrfs_img = new_image(&t, "ubtrfs.img", IMAGE_SIZE);
+    let kernel = Mount::single(&kernel_img, &t.join("kernel"), "nodatacow").unwrap();
+    let expected = run_steps("kernel btrfs", kernel.path(), NODATACOW_STEPS, "btrfs");
+    kernel.unmount().unwrap();
+    let m = start_mount(
+        &ubtrfs_img,
+        &t.join("fuse"),
+        &["-o", "commit=300,nodatacow"],
+    );
+    let got = run_steps("ubtrfs", m.path(), NODATACOW_STEPS, common::ubtrfs_bin());
+    m.unmount().unwrap();
+    for (e, g) in expected.iter().zip(&got) {
+        assert_eq!(g, e, "ubtrfs printed otherwise than the kernel");
+    }
+    check_image(&ubtrfs_img);
 }

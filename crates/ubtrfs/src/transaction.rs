@@ -461,6 +461,9 @@ pub struct Writer {
     /// Try to compress every extent, even data that looks incompressible
     /// (`compress-force`).
     pub(crate) compress_force: bool,
+    /// Flags every new regular file gets (the mount options `nodatacow`,
+    /// `nodatasum`).
+    pub(crate) new_file_flags: u64,
     /// Whole dirty runs are lent to compression jobs, not copied (off
     /// only in tests of the copying path).
     pub(crate) lend_runs: bool,
@@ -726,6 +729,7 @@ impl Filesystem {
             fst_written: HashMap::new(),
             compress: None,
             compress_force: false,
+            new_file_flags: 0,
             lend_runs: true,
             csum_mode: Default::default(),
             csum_stats: Default::default(),

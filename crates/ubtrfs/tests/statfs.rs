@@ -55,6 +55,16 @@ fn compare(name: &str, mkfs: MkfsOptions) {
         ours.2.abs_diff(kernel.2) <= SLACK,
         "{name}: available bytes (ours, kernel's: {ours:?} {kernel:?})"
     );
+    drop(fs);
+    // Read-only, the size is the same and the rest an estimate.
+    let ro = Filesystem::open(&image.devices).unwrap().statfs();
+    assert_eq!(ro.total_bytes, kernel.0, "{name}: read-only size");
+    assert!(
+        ro.unused_bytes.abs_diff(kernel.1) <= SLACK + (4 << 20),
+        "{name}: read-only unused bytes {} (kernel's {})",
+        ro.unused_bytes,
+        kernel.1
+    );
     // The data is counted as used: not every allocated chunk is.
     assert!(
         ours.0 - ours.1 < (100 << 20) + SLACK + (10 << 20),

@@ -482,14 +482,11 @@ fn serve(
                 .context("cannot set compression")?;
             fs.set_compress_force(settings.compress_force)
                 .context("cannot set compression")?;
+            fs.set_new_file_flags(settings.new_file_flags)
+                .context("cannot set nodatacow/nodatasum")?;
         }
         let opts = crate::fuse::Options {
             root: mount_root(&fs, settings.subvol.as_ref())?,
-            new_file_flags: if settings.read_only {
-                0
-            } else {
-                settings.new_file_flags
-            },
             uring: settings.uring,
             mountpoint: mountpoint.to_path_buf(),
         };

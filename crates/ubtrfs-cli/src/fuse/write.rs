@@ -85,16 +85,11 @@ impl FuseFs {
                 gid,
                 rdev: if is_dev { rdev_from_fuse(rdev) } else { 0 },
             };
-            let mut st = fs
+            // The mount's nodatacow/nodatasum come with it (see
+            // `Filesystem::set_new_file_flags`).
+            let st = fs
                 .create_inheriting(dir, name.as_bytes(), new, umask)
                 .map_err(errno)?;
-            let extra = self.new_file_flags & !st.flags;
-            if st.kind == FileKind::File && extra != 0 {
-                // The mount's nodatacow/nodatasum, in the same transaction.
-                let settable = st.flags & ubtrfs::fs::SETTABLE_FLAGS;
-                fs.set_flags(st.id, settable | extra).map_err(errno)?;
-                st = fs.stat(st.id).map_err(errno)?;
-            }
             self.entry(&st)
         })
     }
@@ -199,9 +194,13 @@ impl FuseFs {
             TimeOrNow::Now => now,
             TimeOrNow::SpecificTime(t) => timespec(t),
         };
-        // utimensat with times of its own sets the access time; the times
-        // the writeback cache sends back never do.
-        let explicit_atime = matches!(c.atime, Some(TimeOrNow::SpecificTime(_)));
+        // Times of the caller's own (utimensat with times). Under the
+        // writeback cache the kernel sends a modification time even for
+        // "now" (with the access time as now), and the times of writes
+        // through the file written, with no access time.
+        let given = |t: Option<TimeOrNow>| matches!(t, Some(TimeOrNow::SpecificTime(_)));
+        let explicit_times =
+            given(c.atime) || (given(c.mtime) && c.atime.is_none() && !c.open_file);
         let mut attr = SetAttr {
             mode: c.mode.map(|m| m & 0o7777),
             uid: c.uid,
@@ -227,7 +226,7 @@ impl FuseFs {
                 // As in the kernel: times of the caller's own are refused
                 // on an append-only file (the library lets its writes'
                 // times through).
-                if explicit_atime && st.flags & ubtrfs::format::consts::INODE_APPEND != 0 {
+                if explicit_times && st.flags & ubtrfs::format::consts::INODE_APPEND != 0 {
                     return Err(ubtrfs::Error::NotPermitted(format!(
                         "setting times: inode {} is append-only",
                         id.ino

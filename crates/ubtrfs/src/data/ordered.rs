@@ -622,6 +622,23 @@ impl Filesystem {
         Ok(())
     }
 
+    /// Give every new regular file `flags` (of `INODE_NODATACOW` and
+    /// `INODE_NODATASUM`, with no-COW bringing no-checksum), as the
+    /// kernel's `nodatacow` and `nodatasum` mount options do.
+    pub fn set_new_file_flags(&self, flags: u64) -> Result<()> {
+        use crate::format::consts::{INODE_NODATACOW, INODE_NODATASUM};
+        if flags & !(INODE_NODATACOW | INODE_NODATASUM) != 0 {
+            return Err(crate::Error::Invalid(format!("new file flags {flags:#x}")));
+        }
+        let flags = if flags & INODE_NODATACOW != 0 {
+            flags | INODE_NODATASUM
+        } else {
+            flags
+        };
+        self.lock_writer()?.new_file_flags = flags;
+        Ok(())
+    }
+
     /// Choose how data checksums are computed.
     pub fn set_csum_mode(&self, mode: CsumMode) -> Result<()> {
         self.lock_writer()?.csum_mode = mode;

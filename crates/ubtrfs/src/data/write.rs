@@ -791,13 +791,18 @@ impl Filesystem {
     }
 
     /// How new extents of `id` are compressed, if at all: the inode's
-    /// no-compress flag wins; then the algorithm of its compression
+    /// no-compress flag wins, unless the mount forces compression (as in
+    /// the kernel); then the algorithm of its compression
     /// property (`btrfs.compression`, which comes with the compress
     /// flag), else the filesystem's setting (the mount option), else zlib
     /// for the compress flag, as in the kernel.
     fn compression_for(&self, w: &Writer, id: InodeId) -> Result<Option<CompressWith>> {
         let flags = self.inode_item(id)?.flags;
-        if flags & (INODE_NOCOMPRESS | INODE_NODATACOW | INODE_NODATASUM) != 0 {
+        if flags & (INODE_NODATACOW | INODE_NODATASUM) != 0 {
+            return Ok(None);
+        }
+        let forced = w.compress_force && w.compress.is_some();
+        if flags & INODE_NOCOMPRESS != 0 && !forced {
             return Ok(None);
         }
         let prop = if flags & INODE_COMPRESS != 0 {

@@ -130,10 +130,10 @@ impl Filesystem {
             if new & INODE_COMPRESS != 0 && new & INODE_NOCOMPRESS != 0 {
                 return Err(Error::Invalid("compress and nocompress together".into()));
             }
-            if new & INODE_COMPRESS != 0 && new & (INODE_NODATACOW | INODE_NODATASUM) != 0 {
-                return Err(Error::Invalid(
-                    "compression of a no-COW or no-checksum inode".into(),
-                ));
+            // The kernel refuses no-COW with either compression flag (and
+            // lets no-checksum alone be).
+            if new & (INODE_COMPRESS | INODE_NOCOMPRESS) != 0 && new & INODE_NODATACOW != 0 {
+                return Err(Error::Invalid("no-COW with compress or nocompress".into()));
             }
             let now = crate::format::items::Timespec::now();
             let item = self.change_inode(&mut w, id, |i| {

@@ -465,10 +465,12 @@ impl Filesystem {
             gid: new.gid,
             mode: new.mode,
             rdev: new.rdev,
-            flags: if kind == FileKind::File || kind == FileKind::Dir {
-                inherit
-            } else {
-                0
+            // The mount's nodatacow and nodatasum reach new files, whatever
+            // the directory says.
+            flags: match kind {
+                FileKind::File => inherit | w.new_file_flags,
+                FileKind::Dir => inherit,
+                _ => 0,
             },
             sequence: 1,
             atime: now,
@@ -523,10 +525,12 @@ impl Filesystem {
             if entry.kind == FileKind::Dir {
                 return Err(Error::IsDir(String::from_utf8_lossy(name).into_owned()));
             }
-            self.check_fixed_id(entry.id, Allowed::Nothing, "unlink")?;
+            // Removing the name leaves the inode item as it is.
+            let item = self.inode_item(entry.id)?;
+            self.check_fixed(entry.id, &item, Allowed::Nothing, "unlink")?;
             let now = Timespec::now();
             let target = self.remove_name(&mut w, dir, name, &entry, now)?;
-            let last = self.inode_item(target)?.nlink <= 1;
+            let last = item.nlink <= 1;
             let held = (last && hold(entry.kind)).then(|| {
                 self.hold_inode(target);
                 target

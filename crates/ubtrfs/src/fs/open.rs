@@ -29,8 +29,8 @@ pub struct Geometry {
 pub struct StatFs {
     /// Fundamental block size.
     pub block_size: u32,
-    /// Size of all devices; on a writable filesystem, the data profile's
-    /// share of it (half for two copies), as the kernel's statfs counts.
+    /// Size of all devices, in the data profile's share (half for two
+    /// copies), as the kernel's statfs counts.
     pub total_bytes: u64,
     /// Bytes free for file data (an estimate; on a writable filesystem,
     /// unallocated device space counts by the data profile's share).
@@ -411,11 +411,9 @@ impl Filesystem {
 
     /// Space figures.
     pub fn statfs(&self) -> StatFs {
-        let sb = &self.sb;
-        let unused = sb.total_bytes.saturating_sub(sb.bytes_used);
-        let (total_bytes, free_bytes, unused_bytes) =
-            self.writable_space()
-                .unwrap_or((sb.total_bytes, unused, unused));
+        let (total_bytes, free_bytes, unused_bytes) = self
+            .writable_space()
+            .unwrap_or_else(|| self.read_only_space());
         StatFs {
             block_size: self.geo.sectorsize,
             total_bytes,
@@ -424,6 +422,23 @@ impl Filesystem {
             files: 0,
             name_max: 255,
         }
+    }
+
+    /// For a read-only filesystem, an estimate of [`StatFs`]'s total, free
+    /// and unused bytes from the superblock: the size in the data
+    /// profile's share, less the bytes used (counted once).
+    fn read_only_space(&self) -> (u64, u64, u64) {
+        let data = self
+            .tree_reader()
+            .volume()
+            .chunks
+            .all()
+            .into_iter()
+            .find(|c| c.item.chunk_type & BLOCK_GROUP_DATA != 0);
+        let factor = data.map_or(1, |c| copies_of(c.profile)).max(1);
+        let total = self.sb.total_bytes / factor;
+        let unused = total.saturating_sub(self.sb.bytes_used);
+        (total, unused, unused)
     }
 
     /// For a writable filesystem: the total, free and unused bytes of

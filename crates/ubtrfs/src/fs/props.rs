@@ -97,21 +97,30 @@ impl Filesystem {
             Some(v) => CompressionProp::parse(v)
                 .ok_or_else(|| invalid(name, "not zlib, lzo, zstd, no, none or empty"))?,
         };
-        if item.flags & (INODE_NODATACOW | INODE_NODATASUM) != 0 {
+        if prop != CompressionProp::Reset && item.flags & (INODE_NODATACOW | INODE_NODATASUM) != 0 {
             return Err(invalid(name, "the inode is no-COW or has no checksums"));
         }
+        // Only files and directories keep it; the kernel takes it from
+        // anything else and stores nothing.
+        if !matches!(
+            FileKind::from_mode(item.mode),
+            Some(FileKind::File | FileKind::Dir)
+        ) {
+            return Ok(());
+        }
+        let missing = || Error::NotFound(format!("xattr {}", String::from_utf8_lossy(name)));
         match value {
-            // A reset: the xattr goes (removing one that is not there says so).
+            // A reset: the xattr goes (removing one that is not there, or
+            // replacing it, says so).
             None => {
                 if !self.delete_xattr(w, id, name)? {
-                    return Err(Error::NotFound(format!(
-                        "xattr {}",
-                        String::from_utf8_lossy(name)
-                    )));
+                    return Err(missing());
                 }
             }
             Some(_) if prop == CompressionProp::Reset => {
-                self.delete_xattr(w, id, name)?;
+                if !self.delete_xattr(w, id, name)? && flags & super::XATTR_REPLACE != 0 {
+                    return Err(missing());
+                }
             }
             Some(v) => self.put_xattr(w, id, name, v, flags)?,
         }
@@ -158,14 +167,15 @@ impl Filesystem {
         let Some(value) = self.get_xattr(dir, COMPRESSION_PROP)? else {
             return Ok(());
         };
-        let Some(prop) = CompressionProp::parse(&value) else {
+        // The kernel gives the algorithm's name alone ("zstd" for
+        // "zstd:5"); "no" and "none" come as the flag only.
+        let Some(CompressionProp::With(kind)) = CompressionProp::parse(&value) else {
             return Ok(());
         };
-        if prop == CompressionProp::Reset {
-            return Ok(());
-        }
-        self.put_xattr(w, id, COMPRESSION_PROP, &value, 0)?;
-        self.change_inode(w, id, |i| i.flags = prop.apply(i.flags))?;
+        self.put_xattr(w, id, COMPRESSION_PROP, kind.name().as_bytes(), 0)?;
+        self.change_inode(w, id, |i| {
+            i.flags = CompressionProp::With(kind).apply(i.flags)
+        })?;
         Ok(())
     }
 }

@@ -77,6 +77,26 @@ impl Filesystem {
             let root = TreeEditor::new(self.tree_reader(), &mut w.blocks, id, chunk_uuid)
                 .new_tree(items)?;
             self.set_root(id, root);
+            // As in the kernel, a subvolume takes the compression property
+            // of its parent subvolume's root, not of the directory it is
+            // made in.
+            let parent_root = InodeId {
+                subvol: dir.subvol,
+                ino: FIRST_INODE,
+            };
+            let parent_flags = self.inode_item(parent_root)?.flags;
+            let root_dir = InodeId {
+                subvol: id,
+                ino: FIRST_INODE,
+            };
+            self.inherit_properties(
+                &mut w,
+                parent_root,
+                parent_flags,
+                root_dir,
+                FileKind::Dir,
+                inode.flags,
+            )?;
             // The root item's own inode is the kernel's placeholder directory.
             let placeholder = InodeItem {
                 generation: 1,

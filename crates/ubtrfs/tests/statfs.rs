@@ -95,3 +95,53 @@ fn statfs_of_raid1_is_the_kernels() {
         },
     );
 }
+
+/// RAID1 over a 1 GiB and a 3 GiB device: only about 1 GiB of data fits
+/// (each byte needs both devices), as the kernel says.
+#[test]
+fn statfs_of_uneven_raid1_is_the_kernels() {
+    testkit::require_privileged!();
+    let t = TestDir::new("statfs-uneven").unwrap();
+    let devices: Vec<std::path::PathBuf> = [1u64 << 30, 3 << 30]
+        .iter()
+        .enumerate()
+        .map(|(i, &size)| {
+            let p = t.join(format!("disk{i}.img"));
+            std::fs::File::create(&p).unwrap().set_len(size).unwrap();
+            p
+        })
+        .collect();
+    testkit::run(
+        Command::new("mkfs.btrfs")
+            .args(["-q", "-f", "-d", "raid1", "-m", "raid1"])
+            .args(&devices),
+    )
+    .unwrap();
+    let mnt = t.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let kernel = {
+        let m = testkit::Mount::new(&devices, &mnt, "").unwrap();
+        std::fs::write(m.path().join("f"), bytes(2, 50 << 20)).unwrap();
+        testkit::run(Command::new("sync").arg("-f").arg(m.path().join("f"))).unwrap();
+        let out = testkit::run(
+            Command::new("stat")
+                .args(["-f", "-c", "%S %b %f %a"])
+                .arg(m.path()),
+        )
+        .unwrap();
+        m.unmount().unwrap();
+        let v: Vec<u64> = out.split_whitespace().map(|x| x.parse().unwrap()).collect();
+        (v[0] * v[1], v[0] * v[2], v[0] * v[3])
+    };
+    let s = Filesystem::open_read_write(&devices).unwrap().statfs();
+    let ours = (s.total_bytes, s.unused_bytes, s.free_bytes);
+    assert_eq!(
+        ours.0, kernel.0,
+        "size (ours, kernel's: {ours:?} {kernel:?})"
+    );
+    assert!(
+        ours.2.abs_diff(kernel.2) <= SLACK,
+        "available bytes (ours, kernel's: {ours:?} {kernel:?})"
+    );
+    assert!(ours.2 < 1 << 30, "{ours:?}");
+}

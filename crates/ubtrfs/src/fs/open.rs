@@ -477,28 +477,61 @@ impl Filesystem {
         let unused = total
             .saturating_sub(on_devices / factor)
             .saturating_sub(self.metadata_reserve());
-        let (mut unallocated, mut devices) = (0u64, 0u64);
+        // Each device's space no chunk uses, less the first MiB, which
+        // the kernel never allocates.
+        let mut room = Vec::new();
         for item in self
             .chunk_tree()
             .items_of(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY)
             .ok()?
         {
             let d = DevItem::parse(item.ok()?.data()).ok()?;
-            unallocated += d.total_bytes.saturating_sub(d.bytes_used);
-            devices += 1;
+            room.push(
+                d.total_bytes
+                    .saturating_sub(d.bytes_used)
+                    .saturating_sub(1 << 20),
+            );
         }
-        let (kept, of) = match profile {
-            Some(Profile::Dup | Profile::Raid1 | Profile::Raid10) => (1, 2),
-            Some(Profile::Raid1c3) => (1, 3),
-            Some(Profile::Raid1c4) => (1, 4),
-            Some(Profile::Raid5) => (devices.saturating_sub(1), devices.max(1)),
-            Some(Profile::Raid6) => (devices.saturating_sub(2), devices.max(1)),
-            _ => (1, 1),
+        let devices = room.len() as u64;
+        let unallocated: u64 = room.iter().fold(0, |a, &r| a.saturating_add(r));
+        let share = |kept: u64, of: u64| {
+            (u128::from(unallocated) * u128::from(kept) / u128::from(of.max(1))) as u64
         };
-        let usable = (u128::from(unallocated) * u128::from(kept) / u128::from(of)) as u64;
+        let usable = match profile {
+            Some(Profile::Dup) => share(1, 2),
+            Some(Profile::Raid1 | Profile::Raid10) => mirrored_room(&room, 2),
+            Some(Profile::Raid1c3) => mirrored_room(&room, 3),
+            Some(Profile::Raid1c4) => mirrored_room(&room, 4),
+            Some(Profile::Raid5) => share(devices.saturating_sub(1), devices),
+            Some(Profile::Raid6) => share(devices.saturating_sub(2), devices),
+            _ => unallocated,
+        };
         let free = (in_groups + usable).saturating_sub(self.delalloc().bytes());
         Some((total, free, unused))
     }
+}
+
+/// Bytes of data `room` (each device's unallocated space) holds with
+/// `copies` copies of each on distinct devices: the largest `x` with
+/// `sum(min(room, x)) >= copies * x`, as no device takes two copies of a
+/// byte (a small device next to a large one holds back most of it).
+fn mirrored_room(room: &[u64], copies: u64) -> u64 {
+    let fits = |x: u64| {
+        let held: u128 = room.iter().map(|&r| u128::from(r.min(x))).sum();
+        held >= u128::from(copies) * u128::from(x)
+    };
+    let sum: u128 = room.iter().map(|&r| u128::from(r)).sum();
+    let most = sum / u128::from(copies.max(1));
+    let (mut lo, mut hi) = (0u64, u64::try_from(most).unwrap_or(u64::MAX));
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
 }
 
 /// How many copies of each byte `profile` keeps (the kernel's statfs
@@ -619,5 +652,22 @@ impl OpenInodes {
     /// Whether subvolume `id` was deleted while in use and is used no more.
     pub fn deleted_and_unused(&self, id: u64) -> bool {
         self.deleted_in_use.contains(&id) && !self.subvol_in_use(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mirrored_room;
+
+    #[test]
+    fn mirrored_room_counts_what_distinct_devices_hold() {
+        const G: u64 = 1 << 30;
+        assert_eq!(mirrored_room(&[G, 3 * G], 2), G);
+        assert_eq!(mirrored_room(&[G, G, G], 2), 3 * G / 2);
+        assert_eq!(mirrored_room(&[2 * G, G, G], 3), G);
+        assert_eq!(mirrored_room(&[5 * G, G, G, G], 2), 3 * G);
+        assert_eq!(mirrored_room(&[G], 2), 0);
+        assert_eq!(mirrored_room(&[], 2), 0);
+        assert_eq!(mirrored_room(&[u64::MAX, u64::MAX], 2), u64::MAX);
     }
 }

@@ -24,35 +24,21 @@
 
 mod common;
 
+use common::steps::{Step, Who, run_step, run_steps};
 use common::{check_image, new_image, start_mount};
-use std::path::Path;
-use std::process::{Command, Stdio};
 use testkit::*;
 
 /// Size of the test images (sparse).
 const IMAGE_SIZE: u64 = 300 << 20;
-/// The other user and group the steps run as.
-const USER: (u32, u32) = (1000, 2000);
-
-/// Who runs a step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Who {
-    Root,
-    User,
-}
-
-/// One step: who runs the script, whether it must succeed.
-struct Step {
-    who: Who,
-    ok: bool,
-    script: &'static str,
-}
+/// What a refused step says.
+const EACCES: &str = "Permission denied";
 
 const fn root(script: &'static str) -> Step {
     Step {
         who: Who::Root,
         ok: true,
         script,
+        err: EACCES,
     }
 }
 
@@ -61,6 +47,7 @@ const fn user(ok: bool, script: &'static str) -> Step {
         who: Who::User,
         ok,
         script,
+        err: EACCES,
     }
 }
 
@@ -116,59 +103,6 @@ const STEPS: &[Step] = &[
     root(SHOW_ALL),
 ];
 
-/// Run `script` with `sh -c` in `dir` as `who`; returns whether it
-/// succeeded, and its stdout and stderr.
-fn run_step(dir: &Path, who: Who, script: &str) -> (bool, String, String) {
-    let mut cmd = match who {
-        Who::Root => Command::new("sh"),
-        Who::User => {
-            let mut c = Command::new("setpriv");
-            c.arg(format!("--reuid={}", USER.0))
-                .arg(format!("--regid={}", USER.1))
-                .arg("--clear-groups")
-                .arg("sh");
-            c
-        }
-    };
-    let out = cmd
-        .args(["-c", script])
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run sh");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// Run every step in `dir`, asserting each succeeds or fails as it must;
-/// returns what each printed.
-fn run_steps(what: &str, dir: &Path) -> Vec<String> {
-    let mut seen = Vec::new();
-    for (i, s) in STEPS.iter().enumerate() {
-        let (ok, out, err) = run_step(dir, s.who, s.script);
-        assert_eq!(
-            ok,
-            s.ok,
-            "{what}: step {i} ({:?}: {}) {}:\n{out}{err}",
-            s.who,
-            s.script,
-            if ok { "succeeded" } else { "failed" }
-        );
-        if !ok {
-            assert!(
-                err.contains("Permission denied"),
-                "{what}: step {i} ({}) failed for another reason: {err}",
-                s.script
-            );
-        }
-        seen.push(format!("step {i} ({}):\n{out}", s.script));
-    }
-    seen
-}
-
 #[test]
 fn acls_work_as_in_the_kernel() {
     require_privileged!();
@@ -180,7 +114,7 @@ fn acls_work_as_in_the_kernel() {
     let ubtrfs_img = new_image(&t, "ubtrfs.img", IMAGE_SIZE);
 
     let kernel = Mount::single(&kernel_img, &t.join("kernel"), "").unwrap();
-    let expected = run_steps("kernel btrfs", kernel.path());
+    let expected = run_steps("kernel btrfs", kernel.path(), STEPS, "btrfs");
     kernel.unmount().unwrap();
 
     // Over io_uring (where the kernel offers it) and through /dev/fuse:
@@ -197,7 +131,7 @@ fn acls_work_as_in_the_kernel() {
             args.extend(["-o", o]);
         }
         let m = start_mount(&img, &t.join(format!("fuse-{how}")), &args);
-        got = run_steps("ubtrfs", m.path());
+        got = run_steps("ubtrfs", m.path(), STEPS, common::ubtrfs_bin());
         m.unmount().unwrap();
         for (e, g) in expected.iter().zip(&got) {
             assert_eq!(g, e, "ubtrfs ({how}) printed otherwise than the kernel");
@@ -210,7 +144,7 @@ fn acls_work_as_in_the_kernel() {
     // What ubtrfs wrote is what the kernel reads.
     check_image(&ubtrfs_img);
     let kernel = Mount::single(&ubtrfs_img, &t.join("kernel-reads"), "ro").unwrap();
-    let (ok, out, err) = run_step(kernel.path(), Who::Root, SHOW_ALL);
+    let (ok, out, err) = run_step(kernel.path(), Who::Root, SHOW_ALL, "btrfs");
     assert!(ok, "{err}");
     assert_eq!(
         format!("step {} ({SHOW_ALL}):\n{out}", STEPS.len() - 1),

@@ -20,30 +20,12 @@
 
 mod common;
 
+use common::steps::{Step, Who, run_step, run_steps};
 use common::{check_image, new_image, start_mount};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use testkit::*;
 
 const IMAGE_SIZE: u64 = 300 << 20;
-/// The other user and group the user steps run as.
-const USER: (u32, u32) = (1000, 2000);
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Who {
-    Root,
-    User,
-}
-
-/// One step: who runs the script, whether it must succeed.
-struct Step {
-    who: Who,
-    ok: bool,
-    script: &'static str,
-    /// What a failure says.
-    err: &'static str,
-}
-
 const EPERM: &str = "Operation not permitted";
 const EINVAL: &str = "Invalid argument";
 
@@ -206,59 +188,6 @@ os.pwrite(fd, b'ab', 1); os.write(fd, b'Z'); os.close(fd)\" && cat early && lsat
 
 /// Run `script` with `sh -c` in `dir` as `who`; returns whether it
 /// succeeded, and its stdout and stderr.
-/// `$BTRFS` in a step: the command that makes subvolumes on the target.
-fn run_step(dir: &Path, who: Who, script: &str, btrfs: &str) -> (bool, String, String) {
-    let mut cmd = match who {
-        Who::Root => Command::new("sh"),
-        Who::User => {
-            let mut c = Command::new("setpriv");
-            c.arg(format!("--reuid={}", USER.0))
-                .arg(format!("--regid={}", USER.1))
-                .arg("--clear-groups")
-                .arg("sh");
-            c
-        }
-    };
-    let out = cmd
-        .args(["-c", script])
-        .env("BTRFS", btrfs)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run sh");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// Run every step of `steps` in `dir`, asserting each succeeds or is
-/// refused as it must; returns what each printed.
-fn run_steps(what: &str, dir: &Path, steps: &[Step], btrfs: &str) -> Vec<String> {
-    let mut seen = Vec::new();
-    for (i, s) in steps.iter().enumerate() {
-        let (ok, out, err) = run_step(dir, s.who, s.script, btrfs);
-        assert_eq!(
-            ok,
-            s.ok,
-            "{what}: step {i} ({:?}: {}) {}:\n{out}{err}",
-            s.who,
-            s.script,
-            if ok { "succeeded" } else { "failed" }
-        );
-        if !ok {
-            assert!(
-                err.contains(s.err),
-                "{what}: step {i} ({}) failed for another reason: {err}",
-                s.script
-            );
-        }
-        seen.push(format!("step {i} ({}):\n{out}", s.script));
-    }
-    seen
-}
-
 #[test]
 fn immutable_and_append_only_work_as_in_the_kernel() {
     require_privileged!();

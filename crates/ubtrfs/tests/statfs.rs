@@ -14,6 +14,18 @@ use ubtrfs::fs::Filesystem;
 /// How far the free figures may differ: the two reserves (a few MiB).
 const SLACK: u64 = 8 << 20;
 
+/// The kernel's size, free and available bytes of the mount at `mnt`.
+fn kernel_statfs(mnt: &std::path::Path) -> (u64, u64, u64) {
+    let out = testkit::run(
+        Command::new("stat")
+            .args(["-f", "-c", "%S %b %f %a"])
+            .arg(mnt),
+    )
+    .unwrap();
+    let v: Vec<u64> = out.split_whitespace().map(|x| x.parse().unwrap()).collect();
+    (v[0] * v[1], v[0] * v[2], v[0] * v[3])
+}
+
 fn compare(name: &str, mkfs: MkfsOptions) {
     let t = TestDir::new(name).unwrap();
     let opts = KernelImageOptions {
@@ -30,15 +42,9 @@ fn compare(name: &str, mkfs: MkfsOptions) {
     .unwrap();
     let kernel = {
         let m = image.mount(&t.join("mnt"), "").unwrap();
-        let out = testkit::run(
-            Command::new("stat")
-                .args(["-f", "-c", "%S %b %f %a"])
-                .arg(m.path()),
-        )
-        .unwrap();
+        let figures = kernel_statfs(m.path());
         m.unmount().unwrap();
-        let v: Vec<u64> = out.split_whitespace().map(|x| x.parse().unwrap()).collect();
-        (v[0] * v[1], v[0] * v[2], v[0] * v[3])
+        figures
     };
     let fs = Filesystem::open_read_write(&image.devices).unwrap();
     let s = fs.statfs();
@@ -123,15 +129,9 @@ fn statfs_of_uneven_raid1_is_the_kernels() {
         let m = testkit::Mount::new(&devices, &mnt, "").unwrap();
         std::fs::write(m.path().join("f"), bytes(2, 50 << 20)).unwrap();
         testkit::run(Command::new("sync").arg("-f").arg(m.path().join("f"))).unwrap();
-        let out = testkit::run(
-            Command::new("stat")
-                .args(["-f", "-c", "%S %b %f %a"])
-                .arg(m.path()),
-        )
-        .unwrap();
+        let figures = kernel_statfs(m.path());
         m.unmount().unwrap();
-        let v: Vec<u64> = out.split_whitespace().map(|x| x.parse().unwrap()).collect();
-        (v[0] * v[1], v[0] * v[2], v[0] * v[3])
+        figures
     };
     let s = Filesystem::open_read_write(&devices).unwrap().statfs();
     let ours = (s.total_bytes, s.unused_bytes, s.free_bytes);

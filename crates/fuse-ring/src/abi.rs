@@ -51,6 +51,7 @@ pub mod opcode {
     pub const RENAME2: u32 = 45;
     pub const LSEEK: u32 = 46;
     pub const COPY_FILE_RANGE: u32 = 47;
+    pub const TMPFILE: u32 = 51;
     pub const STATX: u32 = 52;
 }
 

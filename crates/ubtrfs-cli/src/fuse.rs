@@ -1384,6 +1384,24 @@ impl FuseFs {
             Err(e) => reply.error(e),
         }
     }
+    /// `O_TMPFILE`: a file with no name in `parent`, deleted with its
+    /// last close unless `linkat` names it (the library holds it).
+    pub(super) fn on_tmpfile<R: CreateReply>(
+        &self,
+        req: &Caller,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        reply: R,
+    ) {
+        match self.do_tmpfile(req, parent, mode, umask) {
+            Ok((attr, generation)) => {
+                let (ttl, keep) = (self.ttl(), FopenFlags::FOPEN_KEEP_CACHE);
+                reply.created(&ttl, &attr, generation, FileHandle(0), keep)
+            }
+            Err(e) => reply.error(e),
+        }
+    }
     pub(super) fn on_fallocate<R: EmptyReply>(
         &self,
         _req: &Caller,

@@ -2527,3 +2527,106 @@ fn list_a_large_directory(args: &[&str]) {
     m.unmount_cleanly();
     check_image(&img);
 }
+
+/// `O_TMPFILE`, as on kernel btrfs: a file with no name (nlink 0) that
+/// `linkat` names (then it outlives its close, its data intact), that goes
+/// with its close otherwise, and that `O_EXCL` keeps from being named.
+/// The same script on both prints the same. Then a tmpfile held open over
+/// a commit and a crash (SIGKILL) is an orphan: `btrfs check` is clean
+/// and the next open deletes it.
+#[test]
+fn o_tmpfile_works_as_in_the_kernel() {
+    require_privileged!();
+    const SCRIPT: &str = r#"
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def linkat_fd(fd, dst):
+    if libc.linkat(-100, ("/proc/self/fd/%d" % fd).encode(), -100, dst.encode(), 0x400) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+d = sys.argv[1]
+fd = os.open(d, os.O_TMPFILE | os.O_WRONLY, 0o640)
+os.write(fd, b"hello tmpfile")
+print("tmpfile", oct(os.fstat(fd).st_mode), os.fstat(fd).st_nlink)
+linkat_fd(fd, d + "/linked")
+print("linked", os.fstat(fd).st_nlink)
+os.write(fd, b" more")
+os.fsync(fd)
+os.close(fd)
+fd = os.open(d, os.O_TMPFILE | os.O_RDWR, 0o600)
+os.write(fd, b"gone")
+os.close(fd)
+fd = os.open(d, os.O_TMPFILE | os.O_RDWR | os.O_EXCL, 0o600)
+try:
+    linkat_fd(fd, d + "/excl")
+except OSError as e:
+    print("excl:", e.strerror)
+os.close(fd)
+print(sorted(os.listdir(d)), open(d + "/linked").read())
+"#;
+    let run_script = |dir: &Path| {
+        let out = Command::new("/usr/bin/python3")
+            .args(["-c", SCRIPT])
+            .arg(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let t = TestDir::new("mount-rw-tmpfile").unwrap();
+    let kernel_img = common::new_image(&t, "kernel.img", IMAGE_SIZE);
+    let kernel = Mount::single(&kernel_img, &t.join("kernel"), "").unwrap();
+    let expected = run_script(kernel.path());
+    kernel.unmount().unwrap();
+    assert!(expected.contains("linked 1"), "{expected}");
+
+    let img = new_image(&t);
+    let m = RwMount::start(&img, &t.join("fuse"), &NO_TIMER);
+    assert_eq!(run_script(m.path()), expected);
+    m.unmount_cleanly();
+    check_image(&img);
+    let kernel = Mount::single(&img, &t.join("kernel-reads"), "ro").unwrap();
+    assert_eq!(
+        fs::read(kernel.path().join("linked")).unwrap(),
+        b"hello tmpfile more"
+    );
+    assert_eq!(fs::read_dir(kernel.path()).unwrap().count(), 1);
+    kernel.unmount().unwrap();
+
+    // Held open over a commit, then a crash: an orphan the next open
+    // deletes.
+    let m = RwMount::start(&img, &t.join("fuse"), &NO_TIMER);
+    let fd = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .open(m.path())
+        .unwrap();
+    (&fd).write_all(&vec![7u8; 300_000]).unwrap();
+    fd.sync_all().unwrap();
+    common::assert_success(
+        "ubtrfs sync",
+        &common::ubtrfs([std::ffi::OsStr::new("sync"), m.path().as_os_str()]),
+    );
+    let orphans = |img: &Path| {
+        run(Command::new("btrfs")
+            .args(["inspect-internal", "dump-tree", "-t", "5"])
+            .arg(img))
+        .unwrap()
+        .matches("ORPHAN_ITEM")
+        .count()
+    };
+    m.kill();
+    drop(fd);
+    check_image(&img);
+    assert_eq!(orphans(&img), 1, "the committed tmpfile is an orphan");
+    let fs = ubtrfs::fs::Filesystem::open_read_write(&[&img]).unwrap();
+    fs.commit().unwrap();
+    drop(fs);
+    assert_eq!(orphans(&img), 0, "the next open deleted it");
+    check_image(&img);
+}

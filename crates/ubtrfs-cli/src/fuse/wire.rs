@@ -97,6 +97,7 @@ pub(super) fn has_payload(op: u32) -> bool {
             | GETXATTR
             | REMOVEXATTR
             | CREATE
+            | TMPFILE
             | IOCTL
     )
 }
@@ -370,6 +371,8 @@ impl FuseFs {
                 let (flags, mode, umask) = (a.u32(0) as i32, a.u32(4), a.u32(8));
                 fs.on_create(req, ino, first, mode, umask, flags, reply)
             }
+            // O_TMPFILE: as CREATE, with a name that means nothing ("/").
+            TMPFILE => fs.on_tmpfile(req, ino, a.u32(4), a.u32(8), reply),
             GETXATTR => fs.on_getxattr(req, ino, first, a.u32(0), reply),
             REMOVEXATTR => fs.on_removexattr(req, ino, first, reply),
             SETXATTR => {

@@ -94,6 +94,33 @@ impl FuseFs {
         })
     }
 
+    /// [`FuseFs::do_create`] of a regular file with no name
+    /// (`O_TMPFILE`), held by the library for the open file.
+    pub(super) fn do_tmpfile(
+        &self,
+        req: &Caller,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+    ) -> Result<(FileAttr, Generation), Errno> {
+        let dir = self.inode_of(parent);
+        let mode = libc::S_IFREG | (mode & 0o7777);
+        self.served.write(|fs| {
+            let p = fs.stat(dir).map_err(errno)?;
+            let (mode, gid) = owner_group(&p, mode, req.gid());
+            let new = NewInode {
+                mode,
+                uid: req.uid(),
+                gid,
+                rdev: 0,
+            };
+            let st = fs
+                .create_tmpfile_inheriting(dir, new, umask)
+                .map_err(errno)?;
+            self.entry(&st)
+        })
+    }
+
     /// What a write needs of the mount (also on the thread of deferred
     /// writes).
     pub(super) fn write_ctx(&self) -> WriteCtx {

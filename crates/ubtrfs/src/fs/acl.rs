@@ -258,6 +258,32 @@ impl Filesystem {
         new: NewInode,
         umask: u32,
     ) -> Result<Stat> {
+        super::namespace::check_name(name)?;
+        self.create_acl_inheriting(dir, Some(name), new, umask)
+    }
+
+    /// [`Filesystem::create_tmpfile`] as [`Filesystem::create_inheriting`]
+    /// creates: the mode and ACLs from the directory's default ACL, else
+    /// the `umask`.
+    pub fn create_tmpfile_inheriting(
+        &self,
+        dir: InodeId,
+        new: NewInode,
+        umask: u32,
+    ) -> Result<Stat> {
+        if new.mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(Error::Invalid(format!("O_TMPFILE of mode {:#o}", new.mode)));
+        }
+        self.create_acl_inheriting(dir, None, new, umask)
+    }
+
+    fn create_acl_inheriting(
+        &self,
+        dir: InodeId,
+        name: Option<&[u8]>,
+        new: NewInode,
+        umask: u32,
+    ) -> Result<Stat> {
         self.change("create", || {
             let default = self.get_xattr(dir, ACL_DEFAULT)?;
             let got = inherit(default.as_deref(), new.mode, umask)?;
@@ -266,7 +292,7 @@ impl Filesystem {
                 mode: got.mode,
                 ..new
             };
-            let id = self.create_locked(&mut w, dir, name, new)?;
+            let id = self.new_inode(&mut w, dir, name, new)?;
             // No ctime change: these xattrs are part of the new inode.
             for (xname, value) in [(ACL_DEFAULT, &got.default), (ACL_ACCESS, &got.access)] {
                 if let Some(v) = value {

@@ -126,7 +126,11 @@ impl Filesystem {
                     inode.ino
                 )));
             }
-            if item.nlink == 0 {
+            // A held orphan (an O_TMPFILE file, or one unlinked while
+            // open) may get a name again: the kernel lets linkat(2) do that
+            // to an O_TMPFILE file only, and decides it before asking.
+            let orphan = item.nlink == 0;
+            if orphan && (self.open_inodes().users.get(&inode).is_none_or(|&n| n == 0)) {
                 return Err(Error::NotFound(format!(
                     "inode {} has no name left to link to",
                     inode.ino
@@ -145,6 +149,16 @@ impl Filesystem {
                 i.nlink += 1;
                 i.ctime = now;
             })?;
+            if orphan {
+                // Named now: its last release must not delete it.
+                let key = Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, inode.ino);
+                self.modify_tree(&mut w, inode.subvol, |ed, root| ed.delete(root, key))?;
+                self.open_inodes().orphaned.remove(&inode);
+                // The committed tree may still hold the orphan item: a log
+                // replayed over it would meet a named inode marked for
+                // deletion. The next fsync commits instead.
+                w.log_broken = true;
+            }
             drop(w);
             self.stat(inode)
         })

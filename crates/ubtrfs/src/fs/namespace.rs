@@ -438,10 +438,40 @@ impl Filesystem {
         new: NewInode,
     ) -> Result<InodeId> {
         check_name(name)?;
+        self.new_inode(w, dir, Some(name), new)
+    }
+
+    /// A new regular file in `dir`'s subvolume with no name, as
+    /// `O_TMPFILE` makes: held (release it with
+    /// [`Filesystem::release_inode`]), deleted with its last release
+    /// unless [`Filesystem::link`] gave it a name first, and at the next
+    /// open after a crash (an orphan item says so).
+    pub fn create_tmpfile(&self, dir: InodeId, new: NewInode) -> Result<Stat> {
+        self.change("create", || {
+            if new.mode & libc::S_IFMT != libc::S_IFREG {
+                return Err(Error::Invalid(format!("O_TMPFILE of mode {:#o}", new.mode)));
+            }
+            let mut w = self.writer()?;
+            let id = self.new_inode(&mut w, dir, None, new)?;
+            self.stat(id)
+        })
+    }
+
+    /// A new inode in `dir`, named `name` there, or none (a held orphan:
+    /// see [`Filesystem::create_tmpfile`]).
+    pub(crate) fn new_inode(
+        &self,
+        w: &mut Writer,
+        dir: InodeId,
+        name: Option<&[u8]>,
+        new: NewInode,
+    ) -> Result<InodeId> {
         let kind = FileKind::from_mode(new.mode)
             .ok_or_else(|| Error::Invalid(format!("mode {:#o}", new.mode)))?;
         let parent = self.writable_dir(dir, Allowed::Growth)?;
-        if self.find_name(dir, name).is_ok() {
+        if let Some(name) = name
+            && self.find_name(dir, name).is_ok()
+        {
             return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
         }
         let transid = w.blocks.transid;
@@ -460,7 +490,7 @@ impl Filesystem {
             size: 0,
             nbytes: 0,
             block_group: 0,
-            nlink: 1,
+            nlink: u32::from(name.is_some()),
             uid: new.uid,
             gid: new.gid,
             mode: new.mode,
@@ -478,11 +508,29 @@ impl Filesystem {
             mtime: now,
             otime: now,
         };
-        // The directory's next index is looked up before anything changes:
-        // a damaged directory refuses the create whole.
-        self.index_left(w, dir)?;
-        self.put_inode(w, id, &item)?;
-        self.add_name(w, dir, name, id, kind, now)?;
+        match name {
+            Some(name) => {
+                // The directory's next index is looked up before anything
+                // changes: a damaged directory refuses the create whole.
+                self.index_left(w, dir)?;
+                self.put_inode(w, id, &item)?;
+                self.add_name(w, dir, name, id, kind, now)?;
+            }
+            None => {
+                // Held and marked before its orphan item is in: its last
+                // release deletes it.
+                self.hold_inode(id);
+                self.open_inodes().orphaned.insert(id);
+                let key = Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, id.ino);
+                let made = self.put_inode(w, id, &item).and_then(|()| {
+                    self.modify_tree(w, id.subvol, |ed, root| ed.put(root, key, Vec::new()))
+                });
+                if let Err(e) = made {
+                    self.release_after_failure(id);
+                    return Err(e);
+                }
+            }
+        }
         self.inherit_properties(w, dir, parent.flags, id, kind, item.flags)?;
         Ok(id)
     }
@@ -913,6 +961,47 @@ mod tests {
         // Twice is harmless.
         t.fs().delete_closed_orphan(id).unwrap();
         t.fs().commit().unwrap();
+    }
+
+    /// An O_TMPFILE file: held, nameless, an orphan; named by a link it
+    /// outlives its release, else it goes with it.
+    #[test]
+    fn a_tmpfile_goes_with_its_release_unless_named() {
+        let t = TestFs::new();
+        let fs = t.fs();
+        let new = NewInode {
+            mode: libc::S_IFREG | 0o600,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+        };
+        let dir = fs.mkdir(fs.root(), b"d", 0o755, 0, 0).unwrap().id;
+        let gone = fs.create_tmpfile(dir, new).unwrap();
+        assert_eq!(gone.nlink, 0);
+        assert!(fs.has_orphan_item(gone.id).unwrap());
+        fs.write(gone.id, 0, b"scratch").unwrap();
+        let kept = fs.create_tmpfile(dir, new).unwrap().id;
+        fs.write(kept, 0, b"kept").unwrap();
+        fs.link(kept, dir, b"named").unwrap();
+        assert!(!fs.has_orphan_item(kept).unwrap());
+        assert_eq!(fs.stat(kept).unwrap().nlink, 1);
+        fs.release_inode(gone.id).unwrap();
+        fs.release_inode(kept).unwrap();
+        assert!(matches!(fs.stat(gone.id), Err(Error::NotFound(_))));
+        assert_eq!(fs.read(kept, 0, 10).unwrap(), b"kept");
+        assert_eq!(fs.lookup(dir, b"named").unwrap().id, kept);
+        // A name is still needed for a file nobody holds.
+        let e = fs.link(gone.id, dir, b"late").unwrap_err();
+        assert!(matches!(e, Error::NotFound(_)), "{e}");
+        let e = fs.create_tmpfile(
+            dir,
+            NewInode {
+                mode: libc::S_IFDIR | 0o700,
+                ..new
+            },
+        );
+        assert!(matches!(e, Err(Error::Invalid(_))), "{e:?}");
+        fs.commit().unwrap();
     }
 
     #[test]

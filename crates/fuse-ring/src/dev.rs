@@ -120,7 +120,7 @@ pub fn fixed_arg_len(op: u32, setxattr_ext: bool) -> Option<usize> {
     Some(match op {
         LOOKUP | SYMLINK | UNLINK | RMDIR | REMOVEXATTR => 0,
         MKDIR | RENAME | LINK | GETXATTR => 8,
-        MKNOD | RENAME2 | CREATE => 16,
+        MKNOD | RENAME2 | CREATE | TMPFILE => 16,
         SETXATTR if setxattr_ext => 16,
         SETXATTR => 8,
         IOCTL => 32,

@@ -2584,6 +2584,12 @@ print(sorted(os.listdir(d)), open(d + "/linked").read())
     kernel.unmount().unwrap();
     assert!(expected.contains("linked 1"), "{expected}");
 
+    // Through /dev/fuse (the kernel's default) and over io_uring.
+    let dev_img = common::new_image(&t, "dev.img", IMAGE_SIZE);
+    let m = RwMount::start(&dev_img, &t.join("fuse-dev"), &["-o", "commit=300,nouring"]);
+    assert_eq!(run_script(m.path()), expected, "through /dev/fuse");
+    m.unmount_cleanly();
+    check_image(&dev_img);
     let img = new_image(&t);
     let m = RwMount::start(&img, &t.join("fuse"), &NO_TIMER);
     assert_eq!(run_script(m.path()), expected);

@@ -102,13 +102,12 @@ fn statfs_of_raid1_is_the_kernels() {
     );
 }
 
-/// RAID1 over a 1 GiB and a 3 GiB device: only about 1 GiB of data fits
-/// (each byte needs both devices), as the kernel says.
-#[test]
-fn statfs_of_uneven_raid1_is_the_kernels() {
-    testkit::require_privileged!();
-    let t = TestDir::new("statfs-uneven").unwrap();
-    let devices: Vec<std::path::PathBuf> = [1u64 << 30, 3 << 30]
+/// RAID1 over devices of unequal size: 1 GiB and 3 GiB (about 1 GiB of
+/// data fits, as each byte needs both), and 1, 2 and 4 GiB (where the
+/// kernel says less than fits); read-write and read-only.
+fn uneven_raid1(name: &str, sizes: &[u64]) {
+    let t = TestDir::new(name).unwrap();
+    let devices: Vec<std::path::PathBuf> = sizes
         .iter()
         .enumerate()
         .map(|(i, &size)| {
@@ -133,15 +132,25 @@ fn statfs_of_uneven_raid1_is_the_kernels() {
         m.unmount().unwrap();
         figures
     };
-    let s = Filesystem::open_read_write(&devices).unwrap().statfs();
-    let ours = (s.total_bytes, s.unused_bytes, s.free_bytes);
-    assert_eq!(
-        ours.0, kernel.0,
-        "size (ours, kernel's: {ours:?} {kernel:?})"
-    );
-    assert!(
-        ours.2.abs_diff(kernel.2) <= SLACK,
-        "available bytes (ours, kernel's: {ours:?} {kernel:?})"
-    );
-    assert!(ours.2 < 1 << 30, "{ours:?}");
+    let rw = Filesystem::open_read_write(&devices).unwrap().statfs();
+    let ro = Filesystem::open(&devices).unwrap().statfs();
+    for (how, s) in [("read-write", rw), ("read-only", ro)] {
+        let ours = (s.total_bytes, s.unused_bytes, s.free_bytes);
+        assert_eq!(
+            ours.0, kernel.0,
+            "{name} {how}: size (ours, kernel's: {ours:?} {kernel:?})"
+        );
+        assert!(
+            ours.1.abs_diff(kernel.1) <= SLACK && ours.2.abs_diff(kernel.2) <= SLACK,
+            "{name} {how}: unused and available bytes (ours, kernel's: {ours:?} {kernel:?})"
+        );
+    }
+}
+
+#[test]
+fn statfs_of_uneven_raid1_is_the_kernels() {
+    testkit::require_privileged!();
+    const G: u64 = 1 << 30;
+    uneven_raid1("statfs-uneven-2", &[G, 3 * G]);
+    uneven_raid1("statfs-uneven-3", &[G, 2 * G, 4 * G]);
 }

@@ -746,7 +746,10 @@ impl Filesystem {
     pub(crate) fn clean_orphans(&self, w: &mut Writer, subvol: u64) -> Result<()> {
         let orphans: Vec<u64> = self
             .fs_tree(subvol)?
-            .items_of(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY)?
+            .items_of(
+                crate::format::consts::ORPHAN_OBJECTID,
+                crate::format::consts::ORPHAN_ITEM_KEY,
+            )?
             .map(|it| it.map(|it| it.key().offset))
             .collect::<Result<_>>()?;
         for ino in orphans {
@@ -980,6 +983,24 @@ mod tests {
         assert_eq!(gone.nlink, 0);
         assert!(fs.has_orphan_item(gone.id).unwrap());
         fs.write(gone.id, 0, b"scratch").unwrap();
+        // A snapshot taken meanwhile does not keep it (nobody holds its
+        // copy), as the kernel's does not.
+        let snap = fs.create_snapshot(5, fs.root(), b"snap", false).unwrap();
+        let orphans = fs
+            .fs_tree(snap.subvol)
+            .unwrap()
+            .items_of(
+                crate::format::consts::ORPHAN_OBJECTID,
+                crate::format::consts::ORPHAN_ITEM_KEY,
+            )
+            .unwrap()
+            .count();
+        assert_eq!(orphans, 0);
+        let copy = InodeId {
+            subvol: snap.subvol,
+            ino: gone.id.ino,
+        };
+        assert!(matches!(fs.stat(copy), Err(Error::NotFound(_))));
         let kept = fs.create_tmpfile(dir, new).unwrap().id;
         fs.write(kept, 0, b"kept").unwrap();
         fs.link(kept, dir, b"named").unwrap();

@@ -411,9 +411,12 @@ impl Filesystem {
 
     /// Space figures.
     pub fn statfs(&self) -> StatFs {
+        let sb = &self.sb;
+        let unused = sb.total_bytes.saturating_sub(sb.bytes_used);
         let (total_bytes, free_bytes, unused_bytes) = self
             .writable_space()
-            .unwrap_or_else(|| self.read_only_space());
+            .or_else(|| self.read_only_space())
+            .unwrap_or((sb.total_bytes, unused, unused));
         StatFs {
             block_size: self.geo.sectorsize,
             total_bytes,
@@ -424,61 +427,78 @@ impl Filesystem {
         }
     }
 
-    /// For a read-only filesystem, an estimate of [`StatFs`]'s total, free
-    /// and unused bytes from the superblock: the size in the data
-    /// profile's share, less the bytes used (counted once).
-    fn read_only_space(&self) -> (u64, u64, u64) {
-        let data = self
-            .tree_reader()
-            .volume()
-            .chunks
-            .all()
-            .into_iter()
-            .find(|c| c.item.chunk_type & BLOCK_GROUP_DATA != 0);
-        let factor = data.map_or(1, |c| copies_of(c.profile)).max(1);
-        let total = self.sb.total_bytes / factor;
-        let unused = total.saturating_sub(self.sb.bytes_used);
-        (total, unused, unused)
+    /// For a read-only filesystem, [`StatFs`]'s total, free and unused
+    /// bytes from the block group items (one lookup per chunk) and the
+    /// device items, counted as for a writable one.
+    fn read_only_space(&self) -> Option<(u64, u64, u64)> {
+        let bg_tree = if self.sb.compat_ro_flags & COMPAT_RO_BLOCK_GROUP_TREE != 0 {
+            BLOCK_GROUP_TREE_OBJECTID
+        } else {
+            EXTENT_TREE_OBJECTID
+        };
+        let tree = self.tree_by_id(bg_tree).ok()?;
+        let mut groups = Vec::new();
+        let mut data_free = 0u64;
+        for c in self.tree_reader().volume().chunks.all() {
+            let key = Key::new(c.logical, BLOCK_GROUP_ITEM_KEY, c.item.length);
+            let item = tree.get(&key).ok()??;
+            let used = u64::from_le_bytes(item.data().get(..8)?.try_into().ok()?);
+            if c.item.chunk_type & BLOCK_GROUP_DATA != 0 {
+                data_free = data_free.saturating_add(c.item.length.saturating_sub(used));
+            }
+            groups.push((c.item.chunk_type, used));
+        }
+        self.space_figures(&groups, data_free)
     }
 
     /// For a writable filesystem: the total, free and unused bytes of
-    /// [`StatFs`]. Free: space in data block groups, less the dirty data
-    /// waiting for it, plus device space no chunk uses yet (the share of
-    /// it the data profile keeps as data: half for two copies, (n - 1) / n
-    /// for RAID5 over n devices).
+    /// [`StatFs`], the dirty data waiting for space counted as taken.
     fn writable_space(&self) -> Option<(u64, u64, u64)> {
         let w = self
             .writer
             .as_ref()?
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let in_groups = w.blocks.alloc.free_bytes(crate::alloc::SpaceKind::Data);
-        let profile = w
+        let data_free = w.blocks.alloc.free_bytes(crate::alloc::SpaceKind::Data);
+        let groups: Vec<(u64, u64)> = w
             .blocks
             .alloc
             .groups
             .values()
-            .find(|g| g.flags & BLOCK_GROUP_DATA != 0)
-            .and_then(|g| crate::volume::Profile::from_flags(g.flags).ok());
-        // What the groups use on the devices, each copy counted.
-        let on_devices: u64 = w
-            .blocks
-            .alloc
-            .groups
-            .values()
-            .map(|g| {
-                let copies = crate::volume::Profile::from_flags(g.flags).map_or(1, copies_of);
-                g.used.saturating_mul(copies)
+            .map(|g| (g.flags, g.used))
+            .collect();
+        drop(w);
+        let data_free = data_free.saturating_sub(self.delalloc().bytes());
+        self.space_figures(&groups, data_free)
+    }
+
+    /// [`StatFs`]'s total, free and unused bytes, as the kernel's statfs
+    /// counts them, from the block groups' (flags, used bytes), the free
+    /// space in data block groups, and the device items. Total: the size
+    /// in the data profile's share. Unused: that less what the groups use
+    /// on the devices (each copy) and the metadata reserve. Free: the data
+    /// groups' free space, plus what the data profile can still place on
+    /// the devices' unallocated space ([`stripe_room`]; for RAID5/6 the
+    /// share past parity).
+    fn space_figures(&self, groups: &[(u64, u64)], data_free: u64) -> Option<(u64, u64, u64)> {
+        let profile = groups
+            .iter()
+            .find(|(flags, _)| flags & BLOCK_GROUP_DATA != 0)
+            .and_then(|(flags, _)| Profile::from_flags(*flags).ok());
+        let on_devices: u64 = groups
+            .iter()
+            .map(|(flags, used)| {
+                let copies = Profile::from_flags(*flags).map_or(1, copies_of);
+                used.saturating_mul(copies)
             })
             .fold(0, u64::saturating_add);
-        drop(w);
         let factor = profile.map_or(1, copies_of).max(1);
         let total = self.sb.total_bytes / factor;
         let unused = total
             .saturating_sub(on_devices / factor)
             .saturating_sub(self.metadata_reserve());
-        // Each device's space no chunk uses, less the first MiB, which
-        // the kernel never allocates.
+        // Each device's unallocated space in whole stripes, less the first
+        // MiB, which the kernel never allocates.
         let mut room = Vec::new();
         for item in self
             .chunk_tree()
@@ -486,11 +506,12 @@ impl Filesystem {
             .ok()?
         {
             let d = DevItem::parse(item.ok()?.data()).ok()?;
-            room.push(
-                d.total_bytes
-                    .saturating_sub(d.bytes_used)
-                    .saturating_sub(1 << 20),
-            );
+            let r = d.total_bytes.saturating_sub(d.bytes_used) / STRIPE_LEN * STRIPE_LEN;
+            room.push(if r <= (1 << 20) + STRIPE_LEN {
+                0
+            } else {
+                r - (1 << 20)
+            });
         }
         let devices = room.len() as u64;
         let unallocated: u64 = room.iter().fold(0, |a, &r| a.saturating_add(r));
@@ -499,39 +520,42 @@ impl Filesystem {
         };
         let usable = match profile {
             Some(Profile::Dup) => share(1, 2),
-            Some(Profile::Raid1 | Profile::Raid10) => mirrored_room(&room, 2),
-            Some(Profile::Raid1c3) => mirrored_room(&room, 3),
-            Some(Profile::Raid1c4) => mirrored_room(&room, 4),
+            Some(Profile::Raid1) => stripe_room(&room, 2, 2) / 2,
+            Some(Profile::Raid10) => stripe_room(&room, 4, 2) / 2,
+            Some(Profile::Raid1c3) => stripe_room(&room, 3, 3) / 3,
+            Some(Profile::Raid1c4) => stripe_room(&room, 4, 4) / 4,
             Some(Profile::Raid5) => share(devices.saturating_sub(1), devices),
             Some(Profile::Raid6) => share(devices.saturating_sub(2), devices),
             _ => unallocated,
         };
-        let free = (in_groups + usable).saturating_sub(self.delalloc().bytes());
-        Some((total, free, unused))
+        Some((total, data_free.saturating_add(usable), unused))
     }
 }
 
-/// Bytes of data `room` (each device's unallocated space) holds with
-/// `copies` copies of each on distinct devices: the largest `x` with
-/// `sum(min(room, x)) >= copies * x`, as no device takes two copies of a
-/// byte (a small device next to a large one holds back most of it).
-fn mirrored_room(room: &[u64], copies: u64) -> u64 {
-    let fits = |x: u64| {
-        let held: u128 = room.iter().map(|&r| u128::from(r.min(x))).sum();
-        held >= u128::from(copies) * u128::from(x)
-    };
-    let sum: u128 = room.iter().map(|&r| u128::from(r)).sum();
-    let most = sum / u128::from(copies.max(1));
-    let (mut lo, mut hi) = (0u64, u64::try_from(most).unwrap_or(u64::MAX));
-    while lo < hi {
-        let mid = lo + (hi - lo).div_ceil(2);
-        if fits(mid) {
-            lo = mid;
-        } else {
-            hi = mid - 1;
+/// The device space a profile writing `stripes` devices at a time (at
+/// least `devs_min`) can still allocate from `room` (each device's
+/// unallocated bytes), counted as the kernel's statfs counts it: devices
+/// largest first; from the smallest up, each takes all of its room in
+/// chunks with the `stripes - 1` devices next above it. (Not the most
+/// that fits: the kernel says less than that on three or more devices.)
+fn stripe_room(room: &[u64], stripes: usize, devs_min: usize) -> u64 {
+    let mut r = room.to_vec();
+    r.sort_unstable_by(|a, b| b.cmp(a));
+    let mut placed = 0u128;
+    let mut left = r.len();
+    while left > 0 && left >= devs_min {
+        let i = left - 1;
+        let n = stripes.min(left).max(1);
+        let take = r[i];
+        if take >= STRIPE_LEN {
+            placed += u128::from(take) * n as u128;
+            for d in &mut r[i + 1 - n..=i] {
+                *d -= take;
+            }
         }
+        left -= 1;
     }
-    lo
+    u64::try_from(placed).unwrap_or(u64::MAX)
 }
 
 /// How many copies of each byte `profile` keeps (the kernel's statfs
@@ -657,17 +681,21 @@ impl OpenInodes {
 
 #[cfg(test)]
 mod tests {
-    use super::mirrored_room;
+    use super::stripe_room;
 
     #[test]
-    fn mirrored_room_counts_what_distinct_devices_hold() {
+    fn stripe_room_counts_as_the_kernel() {
         const G: u64 = 1 << 30;
-        assert_eq!(mirrored_room(&[G, 3 * G], 2), G);
-        assert_eq!(mirrored_room(&[G, G, G], 2), 3 * G / 2);
-        assert_eq!(mirrored_room(&[2 * G, G, G], 3), G);
-        assert_eq!(mirrored_room(&[5 * G, G, G, G], 2), 3 * G);
-        assert_eq!(mirrored_room(&[G], 2), 0);
-        assert_eq!(mirrored_room(&[], 2), 0);
-        assert_eq!(mirrored_room(&[u64::MAX, u64::MAX], 2), u64::MAX);
+        // RAID1 on two devices: the smaller one, twice.
+        assert_eq!(stripe_room(&[G, 3 * G], 2, 2), 2 * G);
+        // Three or more: less than fits (the kernel's figures).
+        assert_eq!(stripe_room(&[G, G, G], 2, 2), 2 * G);
+        assert_eq!(stripe_room(&[5 * G, G, G, G], 2, 2), 4 * G);
+        assert_eq!(stripe_room(&[2 * G, G, G], 3, 3), 3 * G);
+        assert_eq!(stripe_room(&[G], 2, 2), 0);
+        assert_eq!(stripe_room(&[], 2, 2), 0);
+        // All devices at once: everything.
+        assert_eq!(stripe_room(&[G, 2 * G, 3 * G], 3, 1), 6 * G);
+        assert_eq!(stripe_room(&[u64::MAX, u64::MAX], 2, 2), u64::MAX);
     }
 }

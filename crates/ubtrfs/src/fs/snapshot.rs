@@ -235,6 +235,10 @@ impl Filesystem {
                 w.blocks.last_snapshot.insert(id, transid);
                 self.add_qgroup(&mut w, id, Some(source))?;
                 self.link_subvol(&mut w, dir, name, id, u64::MAX, &uuid, now)?;
+                // Files the source has open with no name (O_TMPFILE, or
+                // unlinked while open) are nobody's in the snapshot: they
+                // go now, as the kernel cleans a new snapshot's orphans.
+                self.clean_orphans(&mut w, id)?;
                 if received != [0; 16] {
                     self.add_uuid(&mut w, &received, UUID_KEY_RECEIVED_SUBVOL, id)?;
                 }

@@ -1152,7 +1152,7 @@ impl FuseFs {
         rdev: u32,
         reply: R,
     ) {
-        match self.do_create(req, parent, name, mode, umask, rdev) {
+        match self.do_create(req, parent, Some(name), mode, umask, rdev) {
             Ok((attr, generation)) => reply.entry(&self.ttl(), &attr, generation),
             Err(e) => reply.error(e),
         }
@@ -1167,7 +1167,7 @@ impl FuseFs {
         reply: R,
     ) {
         let mode = libc::S_IFDIR | (mode & 0o7777);
-        match self.do_create(req, parent, name, mode, umask, 0) {
+        match self.do_create(req, parent, Some(name), mode, umask, 0) {
             Ok((attr, generation)) => reply.entry(&self.ttl(), &attr, generation),
             Err(e) => reply.error(e),
         }
@@ -1374,7 +1374,7 @@ impl FuseFs {
         _flags: i32,
         reply: R,
     ) {
-        match self.do_create(req, parent, name, mode, umask, 0) {
+        match self.do_create(req, parent, Some(name), mode, umask, 0) {
             Ok((attr, generation)) => {
                 self.served
                     .read(|fs| fs.hold_inode(self.inode_of(attr.ino)));
@@ -1394,7 +1394,7 @@ impl FuseFs {
         umask: u32,
         reply: R,
     ) {
-        match self.do_tmpfile(req, parent, mode, umask) {
+        match self.do_create(req, parent, None, libc::S_IFREG | (mode & 0o7777), umask, 0) {
             Ok((attr, generation)) => {
                 let (ttl, keep) = (self.ttl(), FopenFlags::FOPEN_KEEP_CACHE);
                 reply.created(&ttl, &attr, generation, FileHandle(0), keep)

@@ -20,12 +20,11 @@
 
 mod common;
 
-use common::steps::{Step, Who, run_step, run_steps};
-use common::{check_image, new_image, start_mount};
+use common::check_image;
+use common::steps::{Step, Who, against_kernel, run_step};
 use std::path::Path;
 use testkit::*;
 
-const IMAGE_SIZE: u64 = 300 << 20;
 const EPERM: &str = "Operation not permitted";
 const EINVAL: &str = "Invalid argument";
 
@@ -195,33 +194,8 @@ fn immutable_and_append_only_work_as_in_the_kernel() {
         assert!(which(tool).is_some(), "{tool} not found");
     }
     let t = TestDir::new("mount-flags").unwrap();
-    let kernel_img = new_image(&t, "kernel.img", IMAGE_SIZE);
-    let ubtrfs_img = new_image(&t, "ubtrfs.img", IMAGE_SIZE);
-
-    let kernel = Mount::single(&kernel_img, &t.join("kernel"), "").unwrap();
-    std::fs::set_permissions(
-        kernel.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o777),
-    )
-    .unwrap();
-    let expected = run_steps("kernel btrfs", kernel.path(), STEPS, "btrfs");
-    kernel.unmount().unwrap();
-
-    let m = start_mount(
-        &ubtrfs_img,
-        &t.join("fuse"),
-        &["-o", "allow_other", "-o", "commit=300"],
-    );
-    std::fs::set_permissions(
-        m.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o777),
-    )
-    .unwrap();
-    let got = run_steps("ubtrfs", m.path(), STEPS, common::ubtrfs_bin());
-    m.unmount().unwrap();
-    for (e, g) in expected.iter().zip(&got) {
-        assert_eq!(g, e, "ubtrfs printed otherwise than the kernel");
-    }
+    let c = against_kernel(&t, STEPS, "", &["-o", "allow_other", "-o", "commit=300"]);
+    let (ubtrfs_img, got) = (c.ubtrfs_img, c.printed);
 
     // What ubtrfs wrote is what the kernel reads.
     check_image(&ubtrfs_img);
@@ -351,19 +325,8 @@ fn compression_property_works_as_in_the_kernel() {
         assert!(which(tool).is_some(), "{tool} not found");
     }
     let t = TestDir::new("mount-prop").unwrap();
-    let kernel_img = new_image(&t, "kernel.img", IMAGE_SIZE);
-    let ubtrfs_img = new_image(&t, "ubtrfs.img", IMAGE_SIZE);
-
-    let kernel = Mount::single(&kernel_img, &t.join("kernel"), "").unwrap();
-    let expected = run_steps("kernel btrfs", kernel.path(), PROP_STEPS, "btrfs");
-    kernel.unmount().unwrap();
-
-    let m = start_mount(&ubtrfs_img, &t.join("fuse"), &["-o", "commit=300"]);
-    let got = run_steps("ubtrfs", m.path(), PROP_STEPS, common::ubtrfs_bin());
-    m.unmount().unwrap();
-    for (e, g) in expected.iter().zip(&got) {
-        assert_eq!(g, e, "ubtrfs printed otherwise than the kernel");
-    }
+    let c = against_kernel(&t, PROP_STEPS, "", &["-o", "commit=300"]);
+    let (kernel_img, ubtrfs_img) = (c.kernel_img, c.ubtrfs_img);
     check_image(&ubtrfs_img);
     let (kernel_zstd, kernel_flag) = zstd_use(&kernel_img);
     let (ours, our_flag) = zstd_use(&ubtrfs_img);
@@ -404,20 +367,12 @@ const NODATACOW_STEPS: &[Step] = &[
 fn compression_choices_under_nodatacow_as_in_the_kernel() {
     require_privileged!();
     let t = TestDir::new("mount-prop-nodatacow").unwrap();
-    let kernel_img = new_image(&t, "kernel.img", IMAGE_SIZE);
-    let ubtrfs_img = new_image(&t, "ubtrfs.img", IMAGE_SIZE);
-    let kernel = Mount::single(&kernel_img, &t.join("kernel"), "nodatacow").unwrap();
-    let expected = run_steps("kernel btrfs", kernel.path(), NODATACOW_STEPS, "btrfs");
-    kernel.unmount().unwrap();
-    let m = start_mount(
-        &ubtrfs_img,
-        &t.join("fuse"),
+    let c = against_kernel(
+        &t,
+        NODATACOW_STEPS,
+        "nodatacow",
         &["-o", "commit=300,nodatacow"],
     );
-    let got = run_steps("ubtrfs", m.path(), NODATACOW_STEPS, common::ubtrfs_bin());
-    m.unmount().unwrap();
-    for (e, g) in expected.iter().zip(&got) {
-        assert_eq!(g, e, "ubtrfs printed otherwise than the kernel");
-    }
+    let ubtrfs_img = c.ubtrfs_img;
     check_image(&ubtrfs_img);
 }

@@ -60,11 +60,13 @@ impl FuseFs {
     /// unless `parent` has a default ACL, which the new inode inherits
     /// instead (the kernel leaves both to the mount under
     /// `FUSE_POSIX_ACL`). `rdev` is the device number as FUSE carries it.
+    /// No name: a regular file for `O_TMPFILE`, held by the library for
+    /// the open file.
     pub(super) fn do_create(
         &self,
         req: &Caller,
         parent: INodeNo,
-        name: &OsStr,
+        name: Option<&OsStr>,
         mode: u32,
         umask: u32,
         rdev: u32,
@@ -87,36 +89,11 @@ impl FuseFs {
             };
             // The mount's nodatacow/nodatasum come with it (see
             // `Filesystem::set_new_file_flags`).
-            let st = fs
-                .create_inheriting(dir, name.as_bytes(), new, umask)
-                .map_err(errno)?;
-            self.entry(&st)
-        })
-    }
-
-    /// [`FuseFs::do_create`] of a regular file with no name
-    /// (`O_TMPFILE`), held by the library for the open file.
-    pub(super) fn do_tmpfile(
-        &self,
-        req: &Caller,
-        parent: INodeNo,
-        mode: u32,
-        umask: u32,
-    ) -> Result<(FileAttr, Generation), Errno> {
-        let dir = self.inode_of(parent);
-        let mode = libc::S_IFREG | (mode & 0o7777);
-        self.served.write(|fs| {
-            let p = fs.stat(dir).map_err(errno)?;
-            let (mode, gid) = owner_group(&p, mode, req.gid());
-            let new = NewInode {
-                mode,
-                uid: req.uid(),
-                gid,
-                rdev: 0,
-            };
-            let st = fs
-                .create_tmpfile_inheriting(dir, new, umask)
-                .map_err(errno)?;
+            let st = match name {
+                Some(name) => fs.create_inheriting(dir, name.as_bytes(), new, umask),
+                None => fs.create_tmpfile_inheriting(dir, new, umask),
+            }
+            .map_err(errno)?;
             self.entry(&st)
         })
     }

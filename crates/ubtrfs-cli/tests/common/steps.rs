@@ -80,3 +80,45 @@ pub fn run_steps(what: &str, dir: &Path, steps: &[Step], btrfs: &str) -> Vec<Str
     }
     seen
 }
+
+/// Images and what their steps printed, from [`against_kernel`].
+pub struct Compared {
+    pub kernel_img: std::path::PathBuf,
+    pub ubtrfs_img: std::path::PathBuf,
+    /// What each step printed on the ubtrfs mount (the kernel's too).
+    pub printed: Vec<String>,
+}
+
+/// Run `steps` on a new kernel btrfs image mounted with `kernel_options`,
+/// then on a new image under `ubtrfs mount` with `ubtrfs_args` (root of
+/// each mount opened to every user), asserting that every step prints on
+/// ubtrfs what it printed on the kernel. Both images are unmounted after.
+pub fn against_kernel(
+    t: &testkit::TestDir,
+    steps: &[Step],
+    kernel_options: &str,
+    ubtrfs_args: &[&str],
+) -> Compared {
+    use std::os::unix::fs::PermissionsExt;
+    const IMAGE_SIZE: u64 = 300 << 20;
+    let open_to_all =
+        |p: &Path| std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let kernel_img = super::new_image(t, "kernel.img", IMAGE_SIZE);
+    let ubtrfs_img = super::new_image(t, "ubtrfs.img", IMAGE_SIZE);
+    let kernel = testkit::Mount::single(&kernel_img, &t.join("kernel"), kernel_options).unwrap();
+    open_to_all(kernel.path());
+    let expected = run_steps("kernel btrfs", kernel.path(), steps, "btrfs");
+    kernel.unmount().unwrap();
+    let m = super::start_mount(&ubtrfs_img, &t.join("fuse"), ubtrfs_args);
+    open_to_all(m.path());
+    let printed = run_steps("ubtrfs", m.path(), steps, super::ubtrfs_bin());
+    m.unmount().unwrap();
+    for (e, g) in expected.iter().zip(&printed) {
+        assert_eq!(g, e, "ubtrfs printed otherwise than the kernel");
+    }
+    Compared {
+        kernel_img,
+        ubtrfs_img,
+        printed,
+    }
+}

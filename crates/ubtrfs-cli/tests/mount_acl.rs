@@ -24,7 +24,7 @@
 
 mod common;
 
-use common::steps::{Step, Who, run_step, run_steps};
+use common::steps::{Step, Who, kernel_reads_the_same, run_steps};
 use common::{check_image, new_image, start_mount};
 use testkit::*;
 
@@ -143,13 +143,5 @@ fn acls_work_as_in_the_kernel() {
 
     // What ubtrfs wrote is what the kernel reads.
     check_image(&ubtrfs_img);
-    let kernel = Mount::single(&ubtrfs_img, &t.join("kernel-reads"), "ro").unwrap();
-    let (ok, out, err) = run_step(kernel.path(), Who::Root, SHOW_ALL, "btrfs");
-    assert!(ok, "{err}");
-    assert_eq!(
-        format!("step {} ({SHOW_ALL}):\n{out}", STEPS.len() - 1),
-        got[STEPS.len() - 1],
-        "the kernel reads otherwise what ubtrfs wrote"
-    );
-    kernel.unmount().unwrap();
+    kernel_reads_the_same(&t, &ubtrfs_img, SHOW_ALL, &got);
 }

@@ -21,7 +21,7 @@
 mod common;
 
 use common::check_image;
-use common::steps::{Step, Who, against_kernel, run_step};
+use common::steps::{Step, Who, against_kernel, kernel_reads_the_same, run_step};
 use std::path::Path;
 use testkit::*;
 
@@ -199,15 +199,7 @@ fn immutable_and_append_only_work_as_in_the_kernel() {
 
     // What ubtrfs wrote is what the kernel reads.
     check_image(&ubtrfs_img);
-    let kernel = Mount::single(&ubtrfs_img, &t.join("kernel-reads"), "ro").unwrap();
-    let (ok, out, err) = run_step(kernel.path(), Who::Root, SHOW_ALL, "btrfs");
-    assert!(ok, "{err}");
-    assert_eq!(
-        format!("step {} ({SHOW_ALL}):\n{out}", STEPS.len() - 1),
-        got[STEPS.len() - 1],
-        "the kernel reads otherwise what ubtrfs wrote"
-    );
-    kernel.unmount().unwrap();
+    kernel_reads_the_same(&t, &ubtrfs_img, SHOW_ALL, &got);
 }
 
 /// The compression property (`btrfs.compression`), as `btrfs property

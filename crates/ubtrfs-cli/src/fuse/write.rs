@@ -226,20 +226,23 @@ impl FuseFs {
         } == SetAttr::default();
         let changed = self.served.write(|fs| {
             let change = |attr: &mut SetAttr| -> ubtrfs::Result<Stat> {
-                let st = fs.stat(id)?;
-                // As in the kernel: times of the caller's own are refused
-                // on an append-only file (the library lets its writes'
-                // times through).
-                if explicit_times && st.flags & ubtrfs::format::consts::INODE_APPEND != 0 {
-                    return Err(ubtrfs::Error::NotPermitted(format!(
-                        "setting times: inode {} is append-only",
-                        id.ino
-                    )));
-                }
-                if self.killpriv() && attr.mode.is_none() {
-                    // See the module documentation; an explicit mode wins.
-                    attr.mode = self.mode_killed(req, &st, attr);
-                    attr.drops_set_id = attr.mode.is_some();
+                let kill = self.killpriv() && attr.mode.is_none();
+                if explicit_times || kill {
+                    let st = fs.stat(id)?;
+                    // As in the kernel: times of the caller's own are
+                    // refused on an append-only file (the library lets its
+                    // writes' times through).
+                    if explicit_times && st.flags & ubtrfs::format::consts::INODE_APPEND != 0 {
+                        return Err(ubtrfs::Error::NotPermitted(format!(
+                            "setting times: inode {} is append-only",
+                            id.ino
+                        )));
+                    }
+                    if kill {
+                        // See the module documentation; an explicit mode wins.
+                        attr.mode = self.mode_killed(req, &st, attr);
+                        attr.drops_set_id = attr.mode.is_some();
+                    }
                 }
                 fs.setattr(id, *attr)
             };

@@ -122,3 +122,19 @@ pub fn against_kernel(
         printed,
     }
 }
+
+/// Mount `img`, written by ubtrfs, read-only with the kernel and assert
+/// that `script`, the last of the steps that printed `printed` on
+/// ubtrfs, prints there what it printed on ubtrfs.
+pub fn kernel_reads_the_same(t: &testkit::TestDir, img: &Path, script: &str, printed: &[String]) {
+    let kernel = testkit::Mount::single(img, &t.join("kernel-reads"), "ro").unwrap();
+    let (ok, out, err) = run_step(kernel.path(), Who::Root, script, "btrfs");
+    assert!(ok, "{err}");
+    let last = printed.len() - 1;
+    assert_eq!(
+        format!("step {last} ({script}):\n{out}"),
+        printed[last],
+        "the kernel reads otherwise what ubtrfs wrote"
+    );
+    kernel.unmount().unwrap();
+}

@@ -80,12 +80,7 @@ impl Filesystem {
             return Ok(());
         }
         let item = self.inode_item(id)?;
-        if item.flags & INODE_RO_VERITY != 0 {
-            return Err(Error::NotPermitted(format!(
-                "inode {} in subvolume {} is an fs-verity file: its data never changes",
-                id.ino, id.subvol
-            )));
-        }
+        super::open::check_not_verity(id, &item)?;
         let allowed = if append {
             Allowed::Growth
         } else {

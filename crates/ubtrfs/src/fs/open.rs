@@ -378,12 +378,7 @@ impl Filesystem {
     ) -> Result<InodeItem> {
         let inode = self.inode_item_for_data(id)?;
         self.check_fixed(id, &inode, allowed, what)?;
-        if inode.flags & INODE_RO_VERITY != 0 {
-            return Err(Error::NotPermitted(format!(
-                "inode {} in subvolume {} is an fs-verity file: its data never changes",
-                id.ino, id.subvol
-            )));
-        }
+        check_not_verity(id, &inode)?;
         Ok(inode)
     }
 
@@ -556,6 +551,17 @@ fn stripe_room(room: &[u64], stripes: usize, devs_min: usize) -> u64 {
         left -= 1;
     }
     u64::try_from(placed).unwrap_or(u64::MAX)
+}
+
+/// Refuse (`NotPermitted`) changing the data of `id`, an fs-verity file.
+pub(crate) fn check_not_verity(id: InodeId, item: &InodeItem) -> Result<()> {
+    if item.flags & INODE_RO_VERITY != 0 {
+        return Err(Error::NotPermitted(format!(
+            "inode {} in subvolume {} is an fs-verity file: its data never changes",
+            id.ino, id.subvol
+        )));
+    }
+    Ok(())
 }
 
 /// How many copies of each byte `profile` keeps (the kernel's statfs

@@ -122,7 +122,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use ubtrfs::data::seek::Whence;
 use ubtrfs::format::items::Timespec;
-use ubtrfs::fs::{FileKind, Filesystem, InodeId, Stat};
+use ubtrfs::fs::{AtimeUpdate, FileKind, Filesystem, InodeId, Stat};
 
 /// How long the kernel may cache entries and attributes of a read-write
 /// mount: every change but those notified reaches the library through the
@@ -170,6 +170,10 @@ pub struct Options {
     pub root: InodeId,
     /// Serve over io_uring when the kernel offers it (`uring` option).
     pub uring: bool,
+    /// When reads and listings move access times.
+    pub atime: AtimeUpdate,
+    /// Whether listings move directories' access times.
+    pub diratime: bool,
     /// Where it is mounted (canonical): a snapshot's source must be in
     /// this mount.
     pub mountpoint: std::path::PathBuf,
@@ -203,7 +207,17 @@ pub struct FuseFs {
     /// Requests served on threads of their own now (see
     /// [`FuseFs::on_own_thread`]).
     own_threads: Arc<std::sync::atomic::AtomicUsize>,
+    /// When reads and listings move access times (see [`Options`]).
+    atime: AtimeUpdate,
+    diratime: bool,
+    /// Inodes open for writing, with how many opens: the kernel may hold
+    /// dirty pages of them (see [`FuseFs::on_lseek`]).
+    writers: Arc<std::sync::Mutex<std::collections::HashMap<InodeId, u32>>>,
 }
+
+/// The file handle of opens for writing: their release counts them out
+/// of [`FuseFs::writers`]. Others have 0.
+const WRITER_FH: FileHandle = FileHandle(1);
 
 /// Capabilities the kernel agreed to at init (set once, before any other
 /// request).
@@ -294,6 +308,63 @@ impl FuseFs {
             mountpoint: Arc::new(opts.mountpoint),
             mount_dev: Arc::default(),
             own_threads: Arc::default(),
+            atime: opts.atime,
+            diratime: opts.diratime,
+            writers: Arc::default(),
+        }
+    }
+
+    /// Count an open of `id` for writing; returns its file handle.
+    fn writer_opened(&self, id: InodeId) -> FileHandle {
+        let mut w = self.writers.lock().unwrap_or_else(|e| e.into_inner());
+        *w.entry(id).or_insert(0) += 1;
+        WRITER_FH
+    }
+
+    /// An open of `id` with file handle `fh` was released.
+    fn writer_closed(&self, id: InodeId, fh: FileHandle) {
+        if fh != WRITER_FH {
+            return;
+        }
+        let mut w = self.writers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = w.get_mut(&id) {
+            *n -= 1;
+            if *n == 0 {
+                w.remove(&id);
+            }
+        }
+    }
+
+    /// Whether `id` is open for writing.
+    fn has_writers(&self, id: InodeId) -> bool {
+        self.writers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&id)
+    }
+
+    /// `ino` is opened for reading (or listing, `dir`): move its access
+    /// time as the mount options say, as the kernel does on the reads
+    /// (which the page cache may answer without the mount), and have the
+    /// kernel fetch it again.
+    fn note_access(&self, ino: INodeNo, dir: bool) {
+        if !self.served.writable() || (dir && !self.diratime) {
+            return;
+        }
+        let id = self.inode_of(ino);
+        let due = self
+            .served
+            .read(|fs| fs.access_moves_atime(id, self.atime).map_err(errno));
+        if due != Ok(true) {
+            return;
+        }
+        match self
+            .served
+            .write(|fs| fs.note_access(id, self.atime).map_err(errno))
+        {
+            Ok(true) => self.served.invalidate_attrs(ino),
+            Ok(false) => {}
+            Err(e) => tracing::debug!("access time of inode {}: {e:?}", id.ino),
         }
     }
 
@@ -625,6 +696,10 @@ impl fuser::Filesystem for FuseFs {
             // to replace by the directory's default ACL (see `write.rs`).
             InitFlags::FUSE_POSIX_ACL,
             InitFlags::FUSE_DONT_MASK,
+            // File handles (open_by_handle_at, NFS export) outlive the
+            // kernel's inodes: it then looks up "." and ".." of an inode
+            // number, which stays that inode's (with its generation).
+            InitFlags::FUSE_EXPORT_SUPPORT,
         ];
         if self.served.writable() {
             wanted.push(InitFlags::FUSE_WRITEBACK_CACHE);
@@ -779,6 +854,10 @@ impl FuseFs {
             }
             Ok(st)
         });
+        let reading = flags.acc_mode() != OpenAccMode::O_WRONLY && flags.0 & libc::O_NOATIME == 0;
+        if reading && matches!(found, Ok(ref st) if st.kind != FileKind::Dir) {
+            self.note_access(ino, false);
+        }
         match found {
             Ok(st) if st.kind == FileKind::Dir => reply.error(Errno::EISDIR),
             // Nothing changes data behind the kernel's back (see the module
@@ -798,7 +877,12 @@ impl FuseFs {
             // The open file keeps its inode alive if its last name goes.
             Ok(_) => {
                 self.served.read(|fs| fs.hold_inode(id));
-                reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
+                let fh = if flags.acc_mode() == OpenAccMode::O_RDONLY {
+                    FileHandle(0)
+                } else {
+                    self.writer_opened(id)
+                };
+                reply.opened(fh, FopenFlags::FOPEN_KEEP_CACHE)
             }
             Err(e) => reply.error(e),
         }
@@ -828,14 +912,24 @@ impl FuseFs {
         &self,
         _req: &Caller,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: R,
     ) {
+        self.writer_closed(self.inode_of(ino), fh);
+        match self.release_held(ino) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// An open file or directory of `ino` closed: the last close of one
+    /// with no names left deletes it.
+    fn release_held(&self, ino: INodeNo) -> Result<(), Errno> {
         if !self.served.writable() {
-            return reply.ok();
+            return Ok(());
         }
         // The last close of an unlinked file deletes it. Every other close
         // (nearly all) only counts, under no lock of ours: taking the lock
@@ -844,7 +938,7 @@ impl FuseFs {
         // under SCHED_IDLE: the deletion, which may run long, is not.
         let id = self.inode_of(ino);
         let closed = self.served.fs_unlocked().close_inode(id).map_err(errno);
-        let done = closed.and_then(|orphan| {
+        closed.and_then(|orphan| {
             if orphan {
                 fuse_ring::leave_idle();
                 // The last use of a subvolume deleted while in use drops its
@@ -859,11 +953,7 @@ impl FuseFs {
             } else {
                 Ok(())
             }
-        });
-        match done {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        })
     }
     pub(super) fn on_flush<R: EmptyReply>(
         &self,
@@ -902,7 +992,7 @@ impl FuseFs {
         &self,
         _req: &Caller,
         ino: INodeNo,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         reply: R,
     ) {
         match self.served.read(|fs| self.stat(fs, ino)) {
@@ -911,7 +1001,14 @@ impl FuseFs {
             Ok(_) if !self.served.writable() => {
                 reply.opened(FileHandle(0), FopenFlags::FOPEN_CACHE_DIR)
             }
-            Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            // The open directory keeps its inode if it is removed meanwhile.
+            Ok(_) => {
+                if flags.0 & libc::O_NOATIME == 0 {
+                    self.note_access(ino, true);
+                }
+                self.served.read(|fs| fs.hold_inode(self.inode_of(ino)));
+                reply.opened(FileHandle(0), FopenFlags::empty())
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -1008,12 +1105,15 @@ impl FuseFs {
     pub(super) fn on_releasedir<R: EmptyReply>(
         &self,
         _req: &Caller,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _flags: OpenFlags,
         reply: R,
     ) {
-        reply.ok();
+        match self.release_held(ino) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
     }
     pub(super) fn on_fsyncdir<R: EmptyReply>(
         &self,
@@ -1269,7 +1369,7 @@ impl FuseFs {
     }
     pub(super) fn on_write<R: WriteReply>(
         &self,
-        _req: &Caller,
+        req: &Caller,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -1298,7 +1398,9 @@ impl FuseFs {
                 Err(e) => return reply.error(e),
             }
         }
-        let kill = write_flags.contains(fuser::WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        let kill = write_flags
+            .contains(fuser::WriteFlags::FUSE_WRITE_KILL_SUIDGID)
+            .then(|| req.pid());
         let reply: Box<dyn WriteAnswer> = Box::new(reply);
         let deferred = self.deferred.get().filter(|d| {
             d.wants(ino, data.len(), || {
@@ -1371,15 +1473,20 @@ impl FuseFs {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _flags: i32,
+        flags: i32,
         reply: R,
     ) {
         match self.do_create(req, parent, Some(name), mode, umask, 0) {
             Ok((attr, generation)) => {
-                self.served
-                    .read(|fs| fs.hold_inode(self.inode_of(attr.ino)));
+                let id = self.inode_of(attr.ino);
+                self.served.read(|fs| fs.hold_inode(id));
+                let fh = if flags & libc::O_ACCMODE == libc::O_RDONLY {
+                    FileHandle(0)
+                } else {
+                    self.writer_opened(id)
+                };
                 let (ttl, keep) = (self.ttl(), FopenFlags::FOPEN_KEEP_CACHE);
-                reply.created(&ttl, &attr, generation, FileHandle(0), keep)
+                reply.created(&ttl, &attr, generation, fh, keep)
             }
             Err(e) => reply.error(e),
         }
@@ -1396,8 +1503,9 @@ impl FuseFs {
     ) {
         match self.do_create(req, parent, None, libc::S_IFREG | (mode & 0o7777), umask, 0) {
             Ok((attr, generation)) => {
+                let fh = self.writer_opened(self.inode_of(attr.ino));
                 let (ttl, keep) = (self.ttl(), FopenFlags::FOPEN_KEEP_CACHE);
-                reply.created(&ttl, &attr, generation, FileHandle(0), keep)
+                reply.created(&ttl, &attr, generation, fh, keep)
             }
             Err(e) => reply.error(e),
         }
@@ -1436,14 +1544,103 @@ impl FuseFs {
         let Ok(offset) = u64::try_from(offset) else {
             return reply.error(Errno::ENXIO);
         };
-        let found = self
-            .served
-            .read(|fs| fs.seek(self.inode_of(ino), offset, whence))
-            .map_err(errno)
-            .and_then(|at| i64::try_from(at).map_err(|_| Errno::EOVERFLOW));
-        match found {
-            Ok(at) => reply.offset(at),
-            Err(e) => reply.error(e),
+        let id = self.inode_of(ino);
+        let seek = move |me: &FuseFs| {
+            me.served
+                .read(|fs| fs.seek(id, offset, whence))
+                .map_err(errno)
+                .and_then(|at| i64::try_from(at).map_err(|_| Errno::EOVERFLOW))
+        };
+        // The kernel asks without writing back first: data its cache holds
+        // for a file open for writing would be holes here. Written back
+        // first, on a thread that serves no requests (the writes come
+        // through the others).
+        if !(self.writeback_cache() && self.has_writers(id)) {
+            return match seek(self) {
+                Ok(at) => reply.offset(at),
+                Err(e) => reply.error(e),
+            };
+        }
+        if self.own_threads.fetch_add(1, Ordering::AcqRel) >= OWN_THREADS {
+            self.own_threads.fetch_sub(1, Ordering::AcqRel);
+            return reply.error(Errno::EAGAIN);
+        }
+        let me = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("lseek".into())
+            .spawn(move || {
+                me.write_back_file(ino, id);
+                let found = seek(&me);
+                me.own_threads.fetch_sub(1, Ordering::AcqRel);
+                match found {
+                    Ok(at) => reply.offset(at),
+                    Err(e) => reply.error(e),
+                }
+            });
+        if let Err(e) = spawned {
+            self.own_threads.fetch_sub(1, Ordering::AcqRel);
+            tracing::warn!("no thread for lseek: {e}");
+        }
+    }
+
+    /// Have the kernel write back the pages it caches of file `ino` and
+    /// wait for them: opened by its file handle (export support), then
+    /// `sync_file_range`. Needs `CAP_DAC_READ_SEARCH`; without it, or on
+    /// any failure, nothing is written back (logged).
+    fn write_back_file(&self, ino: INodeNo, id: InodeId) {
+        use std::os::unix::fs::OpenOptionsExt;
+        let Ok(generation) = self.served.read(|fs| fs.stat(id).map_err(errno)) else {
+            return;
+        };
+        // A directory opened (not O_PATH, which open_by_handle_at refuses),
+        // without moving its access time.
+        let mnt = match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOATIME)
+            .open(&*self.mountpoint)
+        {
+            Ok(f) => f,
+            Err(e) => return tracing::debug!("writing back inode {}: {e}", id.ino),
+        };
+        // The FUSE kernel's handle: node id (high half first), generation.
+        #[repr(C)]
+        struct FuseHandle {
+            bytes: u32,
+            kind: i32,
+            words: [u32; 3],
+        }
+        let mut h = FuseHandle {
+            bytes: 12,
+            kind: 0x81,
+            words: [
+                (ino.0 >> 32) as u32,
+                ino.0 as u32,
+                generation.generation as u32,
+            ],
+        };
+        // SAFETY: a file_handle header followed by its 12 bytes; the
+        // descriptor returned is owned below.
+        let fd = unsafe {
+            libc::open_by_handle_at(
+                std::os::fd::AsRawFd::as_raw_fd(&mnt),
+                (&mut h as *mut FuseHandle).cast(),
+                libc::O_RDONLY | libc::O_NOATIME | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            return tracing::debug!("writing back inode {}: {e}", id.ino);
+        }
+        // SAFETY: fd was just opened and is owned by nothing else.
+        let file = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let how = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+            | libc::SYNC_FILE_RANGE_WRITE
+            | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+        // SAFETY: sync_file_range on a descriptor this function owns.
+        if unsafe { libc::sync_file_range(std::os::fd::AsRawFd::as_raw_fd(&file), 0, 0, how) } != 0
+        {
+            let e = std::io::Error::last_os_error();
+            tracing::debug!("writing back inode {}: {e}", id.ino);
         }
     }
     pub(super) fn on_copy_file_range<R: WriteReply>(
@@ -1622,7 +1819,11 @@ impl FuseFs {
                     fs.set_flags(id, want)
                 };
                 match self.served.write(|fs| change(fs).map_err(errno)) {
-                    Ok(_) => reply.ioctl(0, &[]),
+                    Ok(_) => {
+                        reply.ioctl(0, &[]);
+                        // The change time moved; the kernel does not know.
+                        self.served.invalidate_attrs(ino);
+                    }
                     Err(e) => reply.error(e),
                 }
             }

@@ -1573,8 +1573,10 @@ fn readdirplus_lists_without_lookups() {
     let d = |w: usize| after[w] - before[w];
     assert!(d(info::READDIRPLUS) >= 1, "no READDIRPLUS");
     assert_eq!(d(info::READDIR), 0, "plain READDIR used");
+    // The listing moves the directory's access time (relatime: its
+    // entries changed since), and the kernel fetches its attributes again.
     assert!(
-        d(info::LOOKUP) + d(info::GETATTR) <= 2,
+        d(info::LOOKUP) + d(info::GETATTR) <= 3,
         "{} lookups and {} getattrs for 200 entries",
         d(info::LOOKUP),
         d(info::GETATTR)

@@ -154,3 +154,63 @@ fn statfs_of_uneven_raid1_is_the_kernels() {
     uneven_raid1("statfs-uneven-2", &[G, 3 * G]);
     uneven_raid1("statfs-uneven-3", &[G, 2 * G, 4 * G]);
 }
+
+/// What statfs says is available can be allocated: a file preallocated
+/// to all of it but 512 KiB (as fstests' generic/103 does) fits, the
+/// last chunks taking whatever device space is left, as the kernel's do;
+/// then check is clean and the kernel reads the file's size.
+fn fill(name: &str, mkfs: MkfsOptions) {
+    let t = TestDir::new(name).unwrap();
+    let opts = KernelImageOptions {
+        mkfs,
+        mount_options: String::new(),
+    };
+    let image = kernel_image(&t.join("img"), &opts, |_| Ok(())).unwrap();
+    let fs = Filesystem::open_read_write(&image.devices).unwrap();
+    let free = fs.statfs().free_bytes;
+    let new = ubtrfs::fs::NewInode {
+        mode: libc::S_IFREG | 0o644,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+    };
+    let id = fs.create(fs.root(), b"spc", new).unwrap().id;
+    let len = (free - (512 << 10)) / 4096 * 4096;
+    fs.fallocate(id, 0, 0, len)
+        .unwrap_or_else(|e| panic!("{name}: preallocating {len} of {free} available: {e}"));
+    let left = fs.statfs().free_bytes;
+    assert!(left < 2 << 20, "{name}: {left} bytes still available");
+    fs.commit().unwrap();
+    drop(fs);
+    image.check().unwrap_or_else(|e| panic!("{name}: {e:#}"));
+    let m = image.mount(&t.join("mnt"), "").unwrap();
+    let size = std::fs::metadata(m.path().join("spc")).unwrap().len();
+    m.unmount().unwrap();
+    assert_eq!(size, len, "{name}: the kernel's size of the file");
+}
+
+#[test]
+fn all_that_is_available_can_be_allocated() {
+    testkit::require_privileged!();
+    let one = |data| MkfsOptions {
+        device_size: 1 << 30,
+        data,
+        ..MkfsOptions::default()
+    };
+    fill("fill-single", one(Profile::Single));
+    fill("fill-dup", one(Profile::Dup));
+    for p in [
+        Profile::Raid0,
+        Profile::Raid1,
+        Profile::Raid1c3,
+        Profile::Raid10,
+    ] {
+        fill(
+            &format!("fill-{p:?}"),
+            MkfsOptions {
+                device_size: 512 << 20,
+                ..MkfsOptions::multi(p)
+            },
+        );
+    }
+}

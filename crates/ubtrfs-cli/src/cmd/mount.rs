@@ -26,7 +26,7 @@ use std::time::Duration;
 use ubtrfs::data::compression::Compression;
 use ubtrfs::data::ordered::CsumMode;
 use ubtrfs::format::consts::{FIRST_INODE, FS_TREE_OBJECTID, INODE_NODATACOW, INODE_NODATASUM};
-use ubtrfs::fs::{Filesystem, InodeId};
+use ubtrfs::fs::{AtimeUpdate, Filesystem, InodeId};
 
 /// Seconds between periodic commits unless `-o commit=` says otherwise
 /// (the kernel's default).
@@ -42,12 +42,15 @@ csum=inline|offload|auto, compress[=ALG[:LEVEL]], compress-force[=ALG[:LEVEL]] \
 (ALG: zlib, lzo, zstd), nodatacow, datacow, nodatasum, datasum, \
 subvol=PATH, subvolid=ID, uring, nouring, allow_other, \
 allow_root, auto_unmount, default_permissions, dev, nodev, suid, nosuid, \
-exec, noexec, atime, noatime, sync, async, dirsync, fsname=NAME, \
-subtype=NAME. \
+exec, noexec, relatime, strictatime, noatime, atime, diratime, nodiratime, \
+sync, async, dirsync, fsname=NAME, subtype=NAME. \
 The mount is read-write unless --ro or ro is given; it always has \
 default_permissions, and nodev,nosuid unless dev or suid is given. \
 nodatacow gives new regular files the no-COW and no-checksum flags, \
 nodatasum the no-checksum flag, as the kernel's options do. \
+Access times move as the kernel's relatime (the default), strictatime \
+and noatime say, when a file is opened for reading or a directory for \
+listing. \
 subvol=PATH (relative to the top-level subvolume) or subvolid=ID mounts \
 that subvolume as the root instead of the default one. \
 Requests come over io_uring (one queue per CPU) when the kernel offers it \
@@ -98,6 +101,11 @@ struct Settings {
     /// Take requests over io_uring when the kernel offers it (`nouring`
     /// says no).
     uring: bool,
+    /// When reads move access times (`relatime`, `strictatime`, `noatime`).
+    atime: AtimeUpdate,
+    /// Whether listings move directories' access times (`nodiratime` says
+    /// no).
+    diratime: bool,
 }
 
 /// Which subvolume `subvol=` and `subvolid=` ask for.
@@ -185,6 +193,7 @@ fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<(Config, Settings)> 
     let (mut nodatacow, mut nodatasum) = (false, false);
     let mut subvol: Option<SubvolChoice> = None;
     let mut uring = true;
+    let (mut atime, mut diratime) = (AtimeUpdate::Relative, true);
     for opt in args.options.iter().flat_map(|o| o.split(',')) {
         let o = match opt {
             "" | "default_permissions" => continue,
@@ -245,8 +254,28 @@ fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<(Config, Settings)> 
             }
             "exec" => MountOption::Exec,
             "noexec" => MountOption::NoExec,
-            "atime" => MountOption::Atime,
-            "noatime" => MountOption::NoAtime,
+            "atime" => {
+                if atime == AtimeUpdate::Never {
+                    atime = AtimeUpdate::Relative;
+                }
+                MountOption::Atime
+            }
+            "noatime" => {
+                atime = AtimeUpdate::Never;
+                MountOption::NoAtime
+            }
+            "relatime" | "strictatime" => {
+                atime = if opt == "relatime" {
+                    AtimeUpdate::Relative
+                } else {
+                    AtimeUpdate::Always
+                };
+                continue;
+            }
+            "diratime" | "nodiratime" => {
+                diratime = opt == "diratime";
+                continue;
+            }
             "sync" => MountOption::Sync,
             "async" => MountOption::Async,
             "dirsync" => MountOption::DirSync,
@@ -361,6 +390,8 @@ fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<(Config, Settings)> 
         new_file_flags,
         subvol,
         uring,
+        atime,
+        diratime,
     };
     Ok((config, settings))
 }
@@ -488,6 +519,8 @@ fn serve(
         let opts = crate::fuse::Options {
             root: mount_root(&fs, settings.subvol.as_ref())?,
             uring: settings.uring,
+            atime: settings.atime,
+            diratime: settings.diratime,
             mountpoint: mountpoint.to_path_buf(),
         };
         let served = Arc::new(Served::new(fs, !settings.read_only));

@@ -28,7 +28,8 @@ pub(super) struct Job {
     pub ino: INodeNo,
     pub offset: u64,
     pub data: Vec<u8>,
-    pub kill: bool,
+    /// The writing process, when set-user-ID bits must go.
+    pub kill: Option<u32>,
     pub reply: Box<dyn WriteAnswer>,
 }
 

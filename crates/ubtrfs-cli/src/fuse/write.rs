@@ -264,7 +264,8 @@ impl FuseFs {
     /// The mode a `setattr` of `st` must set to clear set-user-ID bits,
     /// if any (see the module documentation).
     fn mode_killed(&self, req: &Caller, st: &Stat, attr: &SetAttr) -> Option<u32> {
-        let owner = killed_mode(st, false)?;
+        let outsider = |gid| outside_group(req.pid(), gid);
+        let owner = killed_mode(st, false, outsider)?;
         let chown = attr.uid.is_some() || attr.gid.is_some();
         let times = attr.atime.is_some() || attr.mtime.is_some();
         let ctime_only = attr.ctime.is_some() && !times && attr.size.is_none();
@@ -274,7 +275,7 @@ impl FuseFs {
         if chown || ctime_only || *attr == SetAttr::default() {
             return Some(owner);
         }
-        let contents = killed_mode(st, true)?;
+        let contents = killed_mode(st, true, outsider)?;
         (attr.size.is_some() && !has_fsetid(req)).then_some(contents)
     }
 
@@ -361,10 +362,11 @@ pub(super) fn deleted_file(ino: INodeNo) -> FileAttr {
 }
 
 /// The mode of `st` with the set-user-ID bits a change clears, if it has
-/// any: set-user-ID, and set-group-ID with group execute permission. A
-/// change of contents (`contents`) clears them on regular files only, a
-/// change of owner on anything but a directory.
-fn killed_mode(st: &Stat, contents: bool) -> Option<u32> {
+/// any: set-user-ID, and set-group-ID with group execute permission or
+/// when `outsider(gid)` says the caller is outside the file's group
+/// ([`outside_group`]). A change of contents (`contents`) clears them on
+/// regular files only, a change of owner on anything but a directory.
+fn killed_mode(st: &Stat, contents: bool, outsider: impl FnOnce(u32) -> bool) -> Option<u32> {
     let applies = match st.kind {
         FileKind::File => true,
         FileKind::Dir => false,
@@ -375,7 +377,7 @@ fn killed_mode(st: &Stat, contents: bool) -> Option<u32> {
     }
     let mut m = st.mode & 0o7777;
     m &= !libc::S_ISUID;
-    if m & libc::S_IXGRP != 0 {
+    if m & libc::S_ISGID != 0 && (m & libc::S_IXGRP != 0 || outsider(st.gid)) {
         m &= !libc::S_ISGID;
     }
     (m != st.mode & 0o7777).then_some(m)
@@ -391,15 +393,15 @@ pub(super) struct WriteCtx {
 }
 
 impl WriteCtx {
-    /// Write `data` at `offset` of `ino`; with `kill`, clear the
-    /// set-user-ID bits first. Returns the bytes written and whether bits
-    /// were cleared.
+    /// Write `data` at `offset` of `ino`; with `kill` (the writing
+    /// process), clear the set-user-ID bits first. Returns the bytes
+    /// written and whether bits were cleared.
     pub(super) fn write(
         &self,
         ino: INodeNo,
         offset: u64,
         data: &[u8],
-        kill: bool,
+        kill: Option<u32>,
     ) -> Result<(u32, bool), Errno> {
         let id = super::from_fuse(self.root, ino);
         // Wait for the device here, not inside the lock every other
@@ -408,12 +410,15 @@ impl WriteCtx {
         let done = self.served.write(|fs| {
             // The common case in one change of the inode: the kernel keeps
             // a regular file's times under the writeback cache.
-            if self.writeback_cache && !kill {
+            if self.writeback_cache && kill.is_none() {
                 let n = fs.write_keep_times(id, offset, data).map_err(errno)?;
                 return Ok((u32::try_from(n).map_err(|_| Errno::EOVERFLOW)?, false));
             }
             keep_times(self.writeback_cache, fs, id, || {
-                let killed = kill && kill_privs(fs, id)?;
+                let killed = match kill {
+                    Some(pid) => kill_privs(fs, id, pid)?,
+                    None => false,
+                };
                 let n = fs.write(id, offset, data).map_err(errno)?;
                 Ok((u32::try_from(n).map_err(|_| Errno::EOVERFLOW)?, killed))
             })
@@ -446,10 +451,11 @@ fn keep_times<T>(
     Ok(done)
 }
 
-/// Clear the set-user-ID bits of `id` ([`killed_mode`]); true if any were set.
-fn kill_privs(fs: &Filesystem, id: InodeId) -> Result<bool, Errno> {
+/// Clear the set-user-ID bits of `id` ([`killed_mode`]) before a write by
+/// process `pid`; true if any were set.
+fn kill_privs(fs: &Filesystem, id: InodeId, pid: u32) -> Result<bool, Errno> {
     let st = fs.stat(id).map_err(errno)?;
-    let Some(mode) = killed_mode(&st, true) else {
+    let Some(mode) = killed_mode(&st, true, |gid| outside_group(pid, gid)) else {
         return Ok(false);
     };
     let change = SetAttr {
@@ -472,6 +478,21 @@ fn has_fsetid(req: &Caller) -> bool {
         // Gone already (or no /proc): only root is presumed to hold it.
         None => req.uid() == 0,
     }
+}
+
+/// Whether process `pid` is outside group `gid` (neither its file-system
+/// group nor a supplementary one) and without `CAP_FSETID`: the kernel
+/// then clears set-group-ID even from a file without group execute
+/// permission. A process gone already counts as inside.
+fn outside_group(pid: u32, gid: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    let Some(c) = super::caller_access::Credentials::parse(&status) else {
+        return false;
+    };
+    let fsetid = cap_eff(&status).is_some_and(|caps| caps & (1 << CAP_FSETID) != 0);
+    c.gid != gid && !c.groups.contains(&gid) && !fsetid
 }
 
 /// The effective capability set in the text of `/proc/PID/status`.
@@ -573,27 +594,31 @@ mod tests {
 
     #[test]
     fn privileges_killed() {
+        let inside = |_| false;
         let file = |mode: u32| Stat {
             kind: FileKind::File,
             mode: libc::S_IFREG | mode,
             ..dir(0, 0)
         };
-        assert_eq!(killed_mode(&file(0o4755), true), Some(0o755));
-        assert_eq!(killed_mode(&file(0o6755), true), Some(0o755));
-        assert_eq!(killed_mode(&file(0o2755), true), Some(0o755));
+        assert_eq!(killed_mode(&file(0o4755), true, inside), Some(0o755));
+        assert_eq!(killed_mode(&file(0o6755), true, inside), Some(0o755));
+        assert_eq!(killed_mode(&file(0o2755), true, inside), Some(0o755));
         // No group execute: set-group-ID marks mandatory locking and stays.
-        assert_eq!(killed_mode(&file(0o2745), true), None);
-        assert_eq!(killed_mode(&file(0o6745), true), Some(0o2745));
-        assert_eq!(killed_mode(&file(0o755), true), None);
-        assert_eq!(killed_mode(&dir(0o4755, 0), false), None);
+        assert_eq!(killed_mode(&file(0o2745), true, inside), None);
+        assert_eq!(killed_mode(&file(0o6745), true, inside), Some(0o2745));
+        // ... unless the writer is outside the file's group.
+        assert_eq!(killed_mode(&file(0o2745), true, |_| true), Some(0o745));
+        assert_eq!(killed_mode(&file(0o6745), true, |_| true), Some(0o745));
+        assert_eq!(killed_mode(&file(0o755), true, inside), None);
+        assert_eq!(killed_mode(&dir(0o4755, 0), false, inside), None);
         // A change of owner clears them on a fifo too, not a write.
         let fifo = Stat {
             kind: FileKind::Fifo,
             mode: libc::S_IFIFO | 0o6755,
             ..dir(0, 0)
         };
-        assert_eq!(killed_mode(&fifo, false), Some(0o755));
-        assert_eq!(killed_mode(&fifo, true), None);
+        assert_eq!(killed_mode(&fifo, false, inside), Some(0o755));
+        assert_eq!(killed_mode(&fifo, true, inside), None);
         let status = "Name:\tx\nCapInh:\t0000000000000000\nCapEff:\t000001ffffffffff\n";
         assert_eq!(cap_eff(status), Some(0x1ff_ffff_ffff));
         assert_eq!(cap_eff("Name: x\n"), None);

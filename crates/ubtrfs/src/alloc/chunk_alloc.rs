@@ -91,6 +91,16 @@ impl Filesystem {
         Ok(devs)
     }
 
+    /// Each device's unallocated space that chunks can use: its holes
+    /// in whole stripe units (not the first MiB, nor the superblock copies).
+    pub(crate) fn device_room(&self) -> Result<Vec<u64>> {
+        Ok(self
+            .device_space()?
+            .iter()
+            .map(|d| d.free.iter().map(hole_room).sum())
+            .collect())
+    }
+
     /// Add a chunk for `kind` in the filesystem's profile for it.
     pub(crate) fn alloc_chunk(&self, w: &mut Writer, kind: SpaceKind) -> Result<()> {
         // A chunk added is whole in itself, inside any operation.
@@ -112,24 +122,15 @@ impl Filesystem {
             } else {
                 256 << 20
             };
-            let mut size = (total / 10).clamp(8 << 20, cap) / CHUNK_ALIGN * CHUNK_ALIGN;
+            let max_size = (total / 10).clamp(8 << 20, cap) / CHUNK_ALIGN * CHUNK_ALIGN;
             let mut devs = self.device_space()?;
-            let (stripes, sub_stripes, data_stripes) = loop {
-                if let Some(plan) = plan_stripes(&mut devs, profile, size) {
-                    break plan;
-                }
-                size /= 2;
-                if size < CHUNK_ALIGN {
-                    return Err(Error::NoSpace(format!(
+            let (stripes, stripe_size, sub_stripes, data_stripes) =
+                plan_stripes(&mut devs, profile, max_size).ok_or_else(|| {
+                    Error::NoSpace(format!(
                         "no device space for a new {kind:?} chunk ({})",
                         profile.name()
-                    )));
-                }
-                devs = self.device_space()?;
-            };
-            // What plan_stripes took of each device: whole stripe_len units,
-            // so a row of a striped chunk never ends inside a stripe.
-            let stripe_size = (size / data_stripes) / STRIPE_LEN * STRIPE_LEN;
+                    ))
+                })?;
             let logical = self
                 .tree_reader()
                 .volume()
@@ -219,62 +220,101 @@ impl Filesystem {
 /// Where one stripe of a new chunk goes: devid, physical offset, device uuid.
 type StripePlace = (u64, u64, [u8; 16]);
 
-/// Choose device ranges for a chunk of `size` bytes of `profile`: returns
-/// the stripes, sub_stripes, and how many stripes hold distinct data.
-/// Takes the chosen space out of `devs`.
+/// How a profile lays a chunk on devices: stripes per device, devices at
+/// most (0: as many as have room) and at least, the step the device count
+/// goes in, copies of each byte, and parity stripes per row.
+struct Layout {
+    dev_stripes: u64,
+    devs_max: usize,
+    devs_min: usize,
+    devs_increment: usize,
+    copies: u64,
+    parity: u64,
+    sub_stripes: u16,
+}
+
+fn layout(profile: Profile) -> Layout {
+    let l = |dev_stripes, devs_max, devs_min, devs_increment, copies, parity, sub_stripes| Layout {
+        dev_stripes,
+        devs_max,
+        devs_min,
+        devs_increment,
+        copies,
+        parity,
+        sub_stripes,
+    };
+    match profile {
+        Profile::Single => l(1, 1, 1, 1, 1, 0, 1),
+        Profile::Dup => l(2, 1, 1, 1, 2, 0, 1),
+        Profile::Raid0 => l(1, 0, 1, 1, 1, 0, 1),
+        Profile::Raid1 => l(1, 2, 2, 1, 2, 0, 1),
+        Profile::Raid1c3 => l(1, 3, 3, 1, 3, 0, 1),
+        Profile::Raid1c4 => l(1, 4, 4, 1, 4, 0, 1),
+        Profile::Raid10 => l(1, 0, 2, 2, 2, 0, 2),
+        Profile::Raid5 => l(1, 0, 2, 1, 1, 1, 1),
+        Profile::Raid6 => l(1, 0, 3, 1, 1, 2, 1),
+    }
+}
+
+/// The longest run of whole stripe units in `free`, placed on a stripe
+/// unit boundary.
+fn largest_hole(free: &RangeSet) -> u64 {
+    free.iter().map(hole_room).max().unwrap_or(0)
+}
+
+/// The whole stripe units of free range (start, len), placed on a stripe
+/// unit boundary.
+fn hole_room((s, l): (u64, u64)) -> u64 {
+    let a = s.div_ceil(STRIPE_LEN) * STRIPE_LEN;
+    (s + l).saturating_sub(a) / STRIPE_LEN * STRIPE_LEN
+}
+
+/// Choose device ranges for a chunk of `profile` of at most `max_size`
+/// bytes, as the kernel sizes one: the devices with room, most room
+/// first; each stripe as long as the smallest chosen device's largest
+/// hole allows, so the last chunks take whatever room is left. Returns the
+/// stripes, the stripe length, sub_stripes, and how many stripes of a row
+/// hold distinct data. Takes the chosen space out of `devs`.
 fn plan_stripes(
     devs: &mut [DevSpace],
     profile: Profile,
-    size: u64,
-) -> Option<(Vec<StripePlace>, u16, u64)> {
-    // Devices with the most free space first, as the kernel prefers.
-    devs.sort_by_key(|d| std::cmp::Reverse(d.free.largest().map_or(0, |(_, l)| l)));
-    let with_room = |devs: &[DevSpace], need: u64| {
-        devs.iter()
-            .filter(|d| d.free.largest().is_some_and(|(_, l)| l >= need))
-            .count()
-    };
-    let (copies_per_dev, ndev, sub, data) = match profile {
-        Profile::Single => (1, 1, 1, 1),
-        Profile::Dup => (2, 1, 1, 1),
-        Profile::Raid1 => (1, 2, 1, 1),
-        Profile::Raid1c3 => (1, 3, 1, 1),
-        Profile::Raid1c4 => (1, 4, 1, 1),
-        Profile::Raid0 => {
-            let n =
-                with_room(devs, (size / devs.len().max(1) as u64).max(STRIPE_LEN)).max(1) as u64;
-            (1, n, 1, n)
-        }
-        Profile::Raid10 => {
-            let n = (with_room(devs, size / 2) / 2 * 2) as u64;
-            if n < 2 {
-                return None;
-            }
-            (1, n, 2, n / 2)
-        }
-        Profile::Raid5 | Profile::Raid6 => {
-            // Over every device with room, as the kernel spreads them; one
-            // stripe of each row (two in RAID6) holds parity.
-            let parity = profile.parity_stripes();
-            let data = (devs.len() as u64).saturating_sub(parity).max(1);
-            let n = with_room(devs, (size / data).max(STRIPE_LEN)) as u64;
-            if n <= parity {
-                return None;
-            }
-            (1, n, 1, n - parity)
-        }
-    };
-    let stripe = (size / data) / STRIPE_LEN * STRIPE_LEN;
-    if stripe == 0 || (devs.len() as u64) < ndev {
+    max_size: u64,
+) -> Option<(Vec<StripePlace>, u64, u16, u64)> {
+    let lay = layout(profile);
+    let want = max_size.max(STRIPE_LEN) * lay.dev_stripes;
+    // Each device's room for this chunk: a hole of `want`, or its largest.
+    let mut avail: Vec<(u64, usize)> = devs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (largest_hole(&d.free).min(want), i))
+        .filter(|&(a, _)| a >= STRIPE_LEN * lay.dev_stripes)
+        .collect();
+    avail.sort_by_key(|&(a, i)| (std::cmp::Reverse(a), i));
+    let mut ndevs = avail.len() / lay.devs_increment * lay.devs_increment;
+    if lay.devs_max > 0 {
+        ndevs = ndevs.min(lay.devs_max);
+    }
+    if ndevs < lay.devs_min || ndevs == 0 {
+        return None;
+    }
+    let data_stripes = (ndevs as u64 * lay.dev_stripes).checked_sub(lay.parity)? / lay.copies;
+    if data_stripes == 0 {
+        return None;
+    }
+    let mut stripe = avail[ndevs - 1].0 / lay.dev_stripes;
+    stripe = stripe.min(max_size / data_stripes);
+    stripe = stripe / STRIPE_LEN * STRIPE_LEN;
+    if stripe == 0 {
         return None;
     }
     let mut out = Vec::new();
-    for d in devs.iter_mut().take(ndev as usize) {
-        for _ in 0..copies_per_dev {
-            let at = d.free.find(stripe, CHUNK_ALIGN.min(stripe), 0)?;
-            d.free.remove(at, stripe);
-            out.push((d.item.devid, at, d.item.uuid));
+    for &(_, i) in &avail[..ndevs] {
+        let d = &mut devs[i];
+        let at = d.free.find(stripe * lay.dev_stripes, STRIPE_LEN, 0)?;
+        for k in 0..lay.dev_stripes {
+            d.free.remove(at + k * stripe, stripe);
+            out.push((d.item.devid, at + k * stripe, d.item.uuid));
         }
     }
-    Some((out, sub, data))
+    Some((out, stripe, lay.sub_stripes, data_stripes))
 }

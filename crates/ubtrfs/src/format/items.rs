@@ -22,8 +22,22 @@ impl Timespec {
         out.extend_from_slice(&self.nsec.to_le_bytes());
     }
 
-    /// The current time.
+    /// The current time, from the clock the kernel stamps inodes with
+    /// (`CLOCK_REALTIME_COARSE`): a FUSE mount's kernel sets the times of
+    /// writes itself, and a create stamped by a finer clock would look
+    /// later than a write that followed it.
     pub fn now() -> Self {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes the timespec it is given.
+        if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) } == 0 {
+            return Timespec {
+                sec: ts.tv_sec,
+                nsec: ts.tv_nsec as u32,
+            };
+        }
         let d = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();

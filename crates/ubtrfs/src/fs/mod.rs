@@ -16,7 +16,7 @@ mod subvol_delete;
 mod xattr;
 
 pub use acl::{ACL_ACCESS, ACL_DEFAULT, Acl, Inherited, inherit};
-pub use attr::{SetAttr, XATTR_CREATE, XATTR_REPLACE};
+pub use attr::{AtimeUpdate, SetAttr, XATTR_CREATE, XATTR_REPLACE};
 pub(crate) use flags::Allowed;
 pub use flags::SETTABLE_FLAGS;
 pub use inode::{DirEntry, FileKind, InodeId, Stat};

@@ -657,6 +657,11 @@ impl Filesystem {
             in_use
         };
         if in_use {
+            // A directory (its one link still counted) held open shows no
+            // links from now on, as in the kernel.
+            if self.inode_item(id)?.nlink != 0 {
+                self.change_inode(w, id, |i| i.nlink = 0)?;
+            }
             let key = Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, id.ino);
             return self.modify_tree(w, id.subvol, |ed, root| ed.put(root, key, Vec::new()));
         }

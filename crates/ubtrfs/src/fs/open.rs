@@ -492,22 +492,9 @@ impl Filesystem {
         let unused = total
             .saturating_sub(on_devices / factor)
             .saturating_sub(self.metadata_reserve());
-        // Each device's unallocated space in whole stripes, less the first
-        // MiB, which the kernel never allocates.
-        let mut room = Vec::new();
-        for item in self
-            .chunk_tree()
-            .items_of(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY)
-            .ok()?
-        {
-            let d = DevItem::parse(item.ok()?.data()).ok()?;
-            let r = d.total_bytes.saturating_sub(d.bytes_used) / STRIPE_LEN * STRIPE_LEN;
-            room.push(if r <= (1 << 20) + STRIPE_LEN {
-                0
-            } else {
-                r - (1 << 20)
-            });
-        }
+        // Each device's unallocated space that chunks can take (the kernel
+        // counts the superblock copies' MiB too, never the first).
+        let room = self.device_room().ok()?;
         let devices = room.len() as u64;
         let unallocated: u64 = room.iter().fold(0, |a, &r| a.saturating_add(r));
         let share = |kept: u64, of: u64| {

@@ -240,22 +240,33 @@ fn apply_changes(root: &Path, view: View) {
     // Where the data is, sector by sector (4 KiB in both views).
     {
         let f = File::open(p("sparse.bin")).unwrap();
-        let seek = |off: i64, whence| {
-            use std::os::fd::AsRawFd;
-            // SAFETY: a plain lseek on a descriptor open for this scope.
-            let r = unsafe { libc::lseek(f.as_raw_fd(), off, whence) };
-            if r < 0 {
-                Err(std::io::Error::last_os_error().raw_os_error().unwrap())
-            } else {
-                Ok(r)
-            }
-        };
+        let seek = |off: i64, whence| seek_in(&f, off, whence);
         assert_eq!(seek(0, libc::SEEK_DATA), Ok(0));
         assert_eq!(seek(0, libc::SEEK_HOLE), Ok(4096));
         assert_eq!(seek(4096, libc::SEEK_DATA), Ok(69_632));
         assert_eq!(seek(70_000, libc::SEEK_HOLE), Ok(73_728));
         assert_eq!(seek(200_000, libc::SEEK_DATA), Ok(1 << 20));
         assert_eq!(seek((1 << 20) + 3000, libc::SEEK_DATA), Err(libc::ENXIO));
+    }
+    // The same of a file open for writing, whose writes the kernel may
+    // still cache (it asks the mount without writing them back first).
+    {
+        use std::os::unix::fs::FileExt;
+        let f = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(p("cached.bin"))
+            .unwrap();
+        f.write_all_at(&pattern(4096, 7), 65_536).unwrap();
+        let other = File::open(p("cached.bin")).unwrap();
+        assert_eq!(seek_in(&f, 0, libc::SEEK_DATA), Ok(65_536));
+        assert_eq!(seek_in(&other, 65_536, libc::SEEK_HOLE), Ok(69_632));
+        f.set_len(0).unwrap();
+        f.write_all_at(b"a", 2).unwrap();
+        assert_eq!(seek_in(&f, 0, libc::SEEK_DATA), Ok(0));
+        assert_eq!(seek_in(&other, 0, libc::SEEK_HOLE), Ok(3));
     }
 
     // Truncate: shrink, shrink to 0, grow (a hole at the end), and through
@@ -2637,4 +2648,16 @@ print(sorted(os.listdir(d)), open(d + "/linked").read())
     drop(fs);
     assert_eq!(orphans(&img), 0, "the next open deleted it");
     check_image(&img);
+}
+
+/// `lseek(f, off, whence)`: the offset, or the errno.
+fn seek_in(f: &File, off: i64, whence: i32) -> Result<i64, i32> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a plain lseek on a descriptor the caller holds open.
+    let r = unsafe { libc::lseek(f.as_raw_fd(), off, whence) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap())
+    } else {
+        Ok(r)
+    }
 }

@@ -1710,6 +1710,40 @@ impl FuseFs {
                 Ok(Vec::new())
             });
         }
+        if cmd == FITRIM {
+            // fstrim: root only, as in the kernel; long, so on a thread
+            // that serves no requests.
+            if !caller_access::Credentials::is_admin(req.uid(), req.pid()) {
+                return reply.error(Errno::EPERM);
+            }
+            if !self.served.writable() {
+                return reply.error(Errno::EROFS);
+            }
+            let word = |i: usize| {
+                in_data
+                    .get(i * 8..i * 8 + 8)
+                    .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
+            };
+            let (Some(start), Some(len), Some(min_len)) = (word(0), word(1), word(2)) else {
+                return reply.error(Errno::EINVAL);
+            };
+            let sb = self.served.fs_unlocked().superblock();
+            if start >= sb.total_bytes || len < u64::from(sb.sectorsize) {
+                return reply.error(Errno::EINVAL);
+            }
+            return self.on_own_thread(reply, move |me| {
+                let done = me
+                    .served
+                    .fs_unlocked()
+                    .trim(start, len, min_len)
+                    .map_err(errno)?;
+                let mut out = Vec::with_capacity(24);
+                for v in [start, done.bytes(), min_len] {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+                Ok(out)
+            });
+        }
         if cmd == BTRFS_IOC_SUBVOL_SETFLAGS {
             // Commits, and may have the kernel write back first: on a
             // thread that serves no requests, as subvolume requests.
@@ -2213,6 +2247,8 @@ fn caller_umask(pid: u32) -> Option<u32> {
     u32::from_str_radix(v.trim(), 8).ok()
 }
 
+/// `FITRIM`, `_IOWR('X', 121, struct fstrim_range)`: trim free space.
+const FITRIM: u32 = 0xC018_5879;
 /// `FS_IOC_GETFLAGS` / `FS_IOC_SETFLAGS` (the long-sized encoding).
 const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
 const FS_IOC_SETFLAGS: u32 = 0x4008_6602;

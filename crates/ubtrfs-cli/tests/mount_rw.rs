@@ -2661,3 +2661,58 @@ fn seek_in(f: &File, off: i64, whence: i32) -> Result<i64, i32> {
         Ok(r)
     }
 }
+
+/// `fstrim` on the mount (FITRIM): the space of a deleted file becomes a
+/// hole in the image, what is kept reads back, `btrfs check` is clean;
+/// only root may trim, as in the kernel.
+#[test]
+fn fstrim_makes_holes_of_free_space() {
+    use std::os::fd::AsRawFd;
+    require_privileged!();
+    let t = TestDir::new("mount-rw-fstrim").unwrap();
+    let img = new_image(&t);
+    let args = ["-o", "commit=300", "-o", "allow_other"];
+    let m = RwMount::start(&img, &t.join("fuse"), &args);
+    let kept = pattern(300_000, 5);
+    fs::write(m.path().join("kept"), &kept).unwrap();
+    fs::write(m.path().join("big"), pattern(64 << 20, 6)).unwrap();
+    let top = File::open(m.path()).unwrap();
+    // BTRFS_IOC_SYNC: commit now.
+    // SAFETY: an argument-less ioctl on a descriptor open for this scope.
+    let commit = || assert_eq!(unsafe { libc::ioctl(top.as_raw_fd(), 0x9408) }, 0);
+    commit();
+    fs::remove_file(m.path().join("big")).unwrap();
+    let on_host = || fs::metadata(&img).unwrap().blocks() * 512;
+    let before = on_host();
+    // The deletion comes with the file's release, which the kernel sends
+    // when it likes; its space is trimmed once a commit after it is done.
+    let mut after = before;
+    for _ in 0..50 {
+        commit();
+        let out = Command::new("fstrim")
+            .arg("-v")
+            .arg(m.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("trimmed"));
+        after = on_host();
+        if before - after >= 60 << 20 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        before - after >= 60 << 20,
+        "the image took {before} bytes before fstrim, {after} after"
+    );
+    let (ok, out) = run_as(1000, 1000, &format!("fstrim {}", m.path().display()));
+    assert!(
+        !ok && out.contains("not permitted"),
+        "fstrim by another user: {out}"
+    );
+    assert_eq!(fs::read(m.path().join("kept")).unwrap(), kept);
+    drop(top);
+    m.unmount_cleanly();
+    check_image(&img);
+}

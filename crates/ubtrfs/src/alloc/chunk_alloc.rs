@@ -16,6 +16,9 @@ const DEV_RESERVED: u64 = 1 << 20;
 /// Chunk sizes are multiples of this.
 const CHUNK_ALIGN: u64 = 1 << 20;
 
+/// A device's id and its unallocated ranges (start, length).
+pub(crate) type DeviceHoles = (u64, Vec<(u64, u64)>);
+
 /// Free ranges of one device.
 struct DevSpace {
     item: DevItem,
@@ -89,6 +92,16 @@ impl Filesystem {
             }
         }
         Ok(devs)
+    }
+
+    /// Each device's unallocated ranges (start, length) that chunks can
+    /// use, by device id.
+    pub(crate) fn device_holes(&self) -> Result<Vec<DeviceHoles>> {
+        Ok(self
+            .device_space()?
+            .iter()
+            .map(|d| (d.item.devid, d.free.iter().collect()))
+            .collect())
     }
 
     /// Each device's unallocated space that chunks can use: its holes

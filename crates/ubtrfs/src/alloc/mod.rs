@@ -14,6 +14,7 @@ pub mod delayed_ref;
 pub mod extent_tree;
 pub mod free_space_tree;
 mod range_set;
+pub mod trim;
 
 pub use block_group::BlockGroup;
 pub use delayed_ref::DelayedRefs;

@@ -6,6 +6,9 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::{Path, PathBuf};
 
+/// `BLKDISCARD`, `_IO(0x12, 119)`: discard a byte range of a block device.
+const BLKDISCARD: libc::c_ulong = 0x1277;
+
 /// How long opening waits for another holder's lock to go away.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 const LOCK_POLL: std::time::Duration = std::time::Duration::from_millis(10);
@@ -208,6 +211,46 @@ impl Device for FileDevice {
             return Err(self.io(std::io::Error::last_os_error()));
         }
         Ok(())
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> Result<bool> {
+        use std::os::fd::AsRawFd;
+        if offset.checked_add(len).is_none_or(|end| end > self.size) {
+            return Err(Error::Invalid(format!(
+                "{}: discard of {len} bytes at {offset} past the end",
+                self.path.display()
+            )));
+        }
+        let fd = self.file.as_raw_fd();
+        let is_block = self
+            .file
+            .metadata()
+            .map_err(|e| self.io(e))?
+            .file_type()
+            .is_block_device();
+        let r = if is_block {
+            let range = [offset, len];
+            // SAFETY: BLKDISCARD reads two u64s from the pointer given.
+            unsafe { libc::ioctl(fd, BLKDISCARD, range.as_ptr()) }
+        } else {
+            // SAFETY: a plain system call on a descriptor we own.
+            unsafe {
+                libc::fallocate(
+                    fd,
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    offset as i64,
+                    len as i64,
+                )
+            }
+        };
+        if r == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EOPNOTSUPP) | Some(libc::ENOTTY) | Some(libc::EINVAL) => Ok(false),
+            _ => Err(self.io(e)),
+        }
     }
 
     fn counters(&self) -> &Counters {

@@ -110,6 +110,22 @@ impl Device for MemDevice {
             .push((offset, len));
         Ok(())
     }
+
+    /// Zeroes the range, as a thinly provisioned device reads it back.
+    fn discard(&self, offset: u64, len: u64) -> Result<bool> {
+        let mut data = self.lock();
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= data.len() as u64)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "{}: discard of {len} bytes at {offset} past the end",
+                    self.name.display()
+                ))
+            })?;
+        data[offset as usize..end as usize].fill(0);
+        Ok(true)
+    }
 }
 
 #[cfg(test)]

@@ -37,6 +37,14 @@ pub trait Device: Send + Sync {
         let _ = (offset, len, wait);
         Ok(())
     }
+    /// Tell the device that `len` bytes at `offset` hold nothing anyone
+    /// will read (TRIM): a file gets a hole there, a block device a
+    /// discard. Returns whether the device took it; one that cannot
+    /// says false and keeps the bytes.
+    fn discard(&self, offset: u64, len: u64) -> Result<bool> {
+        let _ = (offset, len);
+        Ok(false)
+    }
 }
 
 /// Counts of the I/O a device has done, so tests can assert them.

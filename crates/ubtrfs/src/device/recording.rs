@@ -108,4 +108,10 @@ impl Device for RecordingDevice {
     fn counters(&self) -> &Counters {
         self.inner.counters()
     }
+
+    // Not recorded: a discarded range may read back as anything, so a
+    // replay that keeps the old bytes is one of the possible outcomes.
+    fn discard(&self, offset: u64, len: u64) -> Result<bool> {
+        self.inner.discard(offset, len)
+    }
 }

@@ -213,6 +213,11 @@ pub struct FuseFs {
     /// Inodes open for writing, with how many opens: the kernel may hold
     /// dirty pages of them (see [`FuseFs::on_lseek`]).
     writers: Arc<std::sync::Mutex<std::collections::HashMap<InodeId, u32>>>,
+    /// Per open directory (by its file handle), the end of the entry
+    /// indexes its listing shows ([`Filesystem::dir_index_end`]).
+    dir_ends: Arc<std::sync::Mutex<std::collections::HashMap<u64, u64>>>,
+    /// The file handle of the next directory opened.
+    next_dir_fh: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The file handle of opens for writing: their release counts them out
@@ -311,7 +316,41 @@ impl FuseFs {
             atime: opts.atime,
             diratime: opts.diratime,
             writers: Arc::default(),
+            dir_ends: Arc::default(),
+            next_dir_fh: Arc::new(std::sync::atomic::AtomicU64::new(1)),
         }
+    }
+
+    /// Directory `ino` opened: its file handle, under which the end of
+    /// its entries now is kept.
+    fn dir_opened(&self, ino: INodeNo) -> FileHandle {
+        let fh = self.next_dir_fh.fetch_add(1, Ordering::Relaxed);
+        let end = self
+            .served
+            .read(|fs| fs.dir_index_end(self.inode_of(ino)).map_err(errno));
+        if let Ok(end) = end {
+            self.dir_ends
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(fh, end);
+        }
+        FileHandle(fh)
+    }
+
+    /// Where the listing of directory `dir` through file handle `fh`
+    /// stops: the end of its entries when it was opened, or when it was
+    /// last read from the start (rewinddir). Entries renamed meanwhile
+    /// get new, higher indexes: without the end, a program renaming
+    /// every entry it lists would list forever.
+    fn dir_end(&self, fs: &Filesystem, fh: FileHandle, dir: InodeId, offset: u64) -> Option<u64> {
+        let mut ends = self.dir_ends.lock().unwrap_or_else(|e| e.into_inner());
+        let end = ends.get_mut(&fh.0)?;
+        if offset == 0
+            && let Ok(now) = fs.dir_index_end(dir)
+        {
+            *end = now;
+        }
+        Some(*end)
     }
 
     /// Count an open of `id` for writing; returns its file handle.
@@ -485,12 +524,20 @@ impl FuseFs {
         fs: &Filesystem,
         dir: InodeId,
         mut offset: u64,
+        end: Option<u64>,
         chunk: usize,
         mut add: impl FnMut(Listed) -> Result<bool, Errno>,
     ) -> Result<(), Errno> {
         loop {
-            let entries = self.entries(fs, dir, offset, chunk)?;
+            let mut entries = self.entries(fs, dir, offset, chunk)?;
             let last_chunk = entries.len() < chunk;
+            // Entries from `end` on came after the listing began.
+            let before_end = |&(cookie, ..): &Listed| {
+                end.is_none_or(|end| cookie < COOKIE_BASE || cookie - COOKIE_BASE < end)
+            };
+            let all_before = entries.iter().all(before_end);
+            entries.retain(before_end);
+            let last_chunk = last_chunk || !all_before;
             for e in entries {
                 let cookie = e.0;
                 if add(e)? {
@@ -1007,7 +1054,7 @@ impl FuseFs {
                     self.note_access(ino, true);
                 }
                 self.served.read(|fs| fs.hold_inode(self.inode_of(ino)));
-                reply.opened(FileHandle(0), FopenFlags::empty())
+                reply.opened(self.dir_opened(ino), FopenFlags::empty())
             }
             Err(e) => reply.error(e),
         }
@@ -1016,16 +1063,18 @@ impl FuseFs {
         &self,
         _req: &Caller,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         mut reply: R,
     ) {
         self.stats.count(Counter::Readdir);
         let listed = self.served.read(|fs| {
+            let dir = self.inode_of(ino);
             self.list(
                 fs,
-                self.inode_of(ino),
+                dir,
                 offset,
+                self.dir_end(fs, fh, dir, offset),
                 256,
                 |(cookie, name, id, kind)| {
                     let fino = self.to_fuse(id)?;
@@ -1042,7 +1091,7 @@ impl FuseFs {
         &self,
         _req: &Caller,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         mut reply: R,
     ) {
@@ -1051,10 +1100,12 @@ impl FuseFs {
         // Only the entries the reply takes are looked up.
         let ttl = self.ttl();
         let listed = self.served.read(|fs| {
+            let dir = self.inode_of(ino);
             self.list(
                 fs,
-                self.inode_of(ino),
+                dir,
                 offset,
+                self.dir_end(fs, fh, dir, offset),
                 64,
                 |(cookie, name, id, kind)| {
                     let st = fs.stat(id);
@@ -1106,10 +1157,14 @@ impl FuseFs {
         &self,
         _req: &Caller,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _flags: OpenFlags,
         reply: R,
     ) {
+        self.dir_ends
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&fh.0);
         match self.release_held(ino) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),

@@ -12,7 +12,10 @@
 //!   directory's; a write does not;
 //! - a directory removed (rmdir, or replaced by rename) while open keeps
 //!   its inode for the open descriptor, with no links;
-//! - chattr moves a directory's change time.
+//! - chattr moves a directory's change time;
+//! - a listing ends while the program renames each entry it lists (each
+//!   rename gives the name a new, higher index: fstests' generic/736),
+//!   and shows only the entries there were when it began.
 //!
 //! Needs root, loop devices, the btrfs module, btrfs-progs, fuse3,
 //! e2fsprogs (`chattr`) and python3.
@@ -134,4 +137,40 @@ fn access_times_move_as_in_the_kernel() {
         let c = against_kernel(&t, steps, options, &["-o", options]);
         check_image(&c.ubtrfs_img);
     }
+}
+
+/// Lists a directory of 3000 files, renaming each entry away and back as
+/// it comes (a listing that followed the new indexes would never end),
+/// and creating one more file half way.
+const RENAME_WHILE_LISTING: &str = r#"python3 - <<'EOF'
+import os
+os.mkdir('many')
+for i in range(3000):
+    open(f'many/{i}', 'w').close()
+seen = 0
+with os.scandir('many') as it:
+    for e in it:
+        seen += 1
+        if seen > 9000:
+            break
+        os.rename(f'many/{e.name}', 'many/TEMP')
+        os.rename('many/TEMP', f'many/{e.name}')
+        if seen == 1500:
+            open('many/later', 'w').close()
+print('listed', min(seen, 9000), 'now', len(os.listdir('many')))
+EOF
+"#;
+
+#[test]
+fn a_listing_ends_while_its_entries_are_renamed() {
+    require_privileged!();
+    assert!(which("python3").is_some(), "python3 not found");
+    let t = TestDir::new("mount-times-rename-listing").unwrap();
+    let c = against_kernel(&t, &[root(RENAME_WHILE_LISTING)], "", &["-o", "commit=300"]);
+    assert!(
+        c.printed[0].contains("listed 3000 now 3001"),
+        "{}",
+        c.printed[0]
+    );
+    check_image(&c.ubtrfs_img);
 }

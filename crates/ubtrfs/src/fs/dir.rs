@@ -138,6 +138,19 @@ impl Filesystem {
         self.read_dir_up_to(dir, after_index, usize::MAX)
     }
 
+    /// The end of `dir`'s entry indexes: every entry it has now has a
+    /// lower index, every entry added later a higher one. A listing that
+    /// stops there ends even while entries are renamed in the directory
+    /// (each rename gives a name a new index), as the kernel's does.
+    pub fn dir_index_end(&self, dir: InodeId) -> Result<u64> {
+        let tree = self.fs_tree(dir.subvol)?;
+        Ok(tree
+            .get_le(&Key::new(dir.ino, DIR_INDEX_KEY, u64::MAX))?
+            .map(|it| it.key())
+            .filter(|k| k.objectid == dir.ino && k.item_type == DIR_INDEX_KEY)
+            .map_or(2, |k| k.offset.saturating_add(1)))
+    }
+
     /// Like [`Filesystem::read_dir`], at most `limit` entries: a listing
     /// read a page at a time costs each page, not the rest of the
     /// directory.

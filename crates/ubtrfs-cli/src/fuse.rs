@@ -1391,7 +1391,7 @@ impl FuseFs {
     }
     pub(super) fn on_rename<R: EmptyReply>(
         &self,
-        _req: &Caller,
+        req: &Caller,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -1399,7 +1399,7 @@ impl FuseFs {
         flags: fuser::RenameFlags,
         reply: R,
     ) {
-        match self.do_rename(parent, name, newparent, newname, flags) {
+        match self.do_rename(req, parent, name, newparent, newname, flags) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }

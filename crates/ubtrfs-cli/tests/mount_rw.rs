@@ -380,6 +380,25 @@ fn apply_changes(root: &Path, view: View) {
         libc::EEXIST
     );
     renameat2(&p("swap2"), &p("swapped"), libc::RENAME_NOREPLACE).unwrap();
+    // A whiteout (overlayfs asks for them): the old name becomes a 0:0
+    // character device with mode 0; not with an exchange.
+    fs::write(p("wh-src"), b"moving").unwrap();
+    renameat2(&p("wh-src"), &p("wh-dst"), libc::RENAME_WHITEOUT).unwrap();
+    {
+        use std::os::unix::fs::FileTypeExt;
+        let wh = fs::symlink_metadata(p("wh-src")).unwrap();
+        assert!(wh.file_type().is_char_device(), "{wh:?}");
+        assert_eq!((wh.rdev(), wh.mode() & 0o7777), (0, 0));
+    }
+    assert_eq!(fs::read(p("wh-dst")).unwrap(), b"moving");
+    assert_eq!(
+        errno_of(renameat2(
+            &p("wh-dst"),
+            &p("swapped"),
+            libc::RENAME_WHITEOUT | libc::RENAME_EXCHANGE
+        )),
+        libc::EINVAL
+    );
 
     // Hard links: the link count is fresh on every name.
     fs::hard_link(p("big.bin"), p("d/sub/big.link")).unwrap();

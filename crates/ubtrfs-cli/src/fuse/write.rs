@@ -145,15 +145,16 @@ impl FuseFs {
 
     pub(super) fn do_rename(
         &self,
+        req: &Caller,
         parent: INodeNo,
         name: &OsStr,
         new_parent: INodeNo,
         new_name: &OsStr,
         flags: RenameFlags,
     ) -> Result<(), Errno> {
-        // RENAME_WHITEOUT (for overlayfs) is not supported: EINVAL, as
-        // rename(2) answers for a flag the filesystem does not know.
-        let known = RenameFlags::RENAME_NOREPLACE | RenameFlags::RENAME_EXCHANGE;
+        let known = RenameFlags::RENAME_NOREPLACE
+            | RenameFlags::RENAME_EXCHANGE
+            | RenameFlags::RENAME_WHITEOUT;
         if !known.contains(flags) {
             return Err(Errno::EINVAL);
         }
@@ -164,8 +165,15 @@ impl FuseFs {
         if flags.contains(RenameFlags::RENAME_EXCHANGE) {
             lib_flags |= ubtrfs::fs::RENAME_EXCHANGE;
         }
+        // The kernel let only a caller with CAP_MKNOD ask for a whiteout.
+        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            lib_flags |= ubtrfs::fs::RENAME_WHITEOUT;
+        }
         let (from, to) = (self.inode_of(parent), self.inode_of(new_parent));
         self.served.write(|fs| {
+            // The whiteout is the caller's, as a new inode in its directory.
+            let dir = fs.stat(from).map_err(errno)?;
+            let (_, gid) = owner_group(&dir, libc::S_IFCHR, req.gid());
             // A special file replaced may be open without FUSE having
             // seen it (see `on_unlink`): kept until the kernel forgets it.
             let held = fs
@@ -175,6 +183,7 @@ impl FuseFs {
                     to,
                     new_name.as_bytes(),
                     lib_flags,
+                    (req.uid(), gid),
                     super::is_special,
                 )
                 .map_err(errno)?;

@@ -25,6 +25,10 @@ pub const RENAME_NOREPLACE: u32 = 1;
 /// `rename` flag: swap the two names, which must both exist (Linux
 /// `RENAME_EXCHANGE`).
 pub const RENAME_EXCHANGE: u32 = 2;
+/// [`Filesystem::rename_holding`] flag: the old name then names a whiteout
+/// (a character device 0:0 with mode 0, what overlayfs takes for "deleted
+/// here"), made in the same change (Linux `RENAME_WHITEOUT`).
+pub const RENAME_WHITEOUT: u32 = 4;
 
 /// Most names an inode may have (the kernel's link limit).
 const LINK_MAX: u32 = 65535;
@@ -195,8 +199,15 @@ impl Filesystem {
         new_name: &[u8],
         flags: u32,
     ) -> Result<()> {
-        self.rename_holding(old_dir, old_name, new_dir, new_name, flags, |_| false)
-            .map(drop)
+        if flags & RENAME_WHITEOUT != 0 {
+            return Err(Error::Invalid(
+                "a whiteout needs an owner: see rename_holding".into(),
+            ));
+        }
+        self.rename_holding(old_dir, old_name, new_dir, new_name, flags, (0, 0), |_| {
+            false
+        })
+        .map(drop)
     }
 
     /// [`Filesystem::rename`], but when it replaces the last name of an
@@ -204,7 +215,9 @@ impl Filesystem {
     /// by [`Filesystem::hold_inode`]) and outlives its name until
     /// [`Filesystem::release_inode`]; returns the inode so held. As
     /// [`Filesystem::unlink_holding`], for a FUSE mount, which never sees
-    /// the opens of special files.
+    /// the opens of special files. With [`RENAME_WHITEOUT`] in `flags`,
+    /// the whiteout is owned by `whiteout_owner` (uid, gid).
+    #[allow(clippy::too_many_arguments)]
     pub fn rename_holding(
         &self,
         old_dir: InodeId,
@@ -212,12 +225,13 @@ impl Filesystem {
         new_dir: InodeId,
         new_name: &[u8],
         flags: u32,
+        whiteout_owner: (u32, u32),
         hold: impl FnOnce(FileKind) -> bool,
     ) -> Result<Option<InodeId>> {
         self.change("rename", || {
             let mut held = None;
-            let r =
-                self.rename_locked(old_dir, old_name, new_dir, new_name, flags, hold, &mut held);
+            let names = (old_dir, old_name, new_dir, new_name);
+            let r = self.rename_locked(names, flags, whiteout_owner, hold, &mut held);
             if let (Err(_), Some(id)) = (&r, held) {
                 self.release_after_failure(id);
             }
@@ -225,25 +239,23 @@ impl Filesystem {
         })
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn rename_locked(
         &self,
-        old_dir: InodeId,
-        old_name: &[u8],
-        new_dir: InodeId,
-        new_name: &[u8],
+        (old_dir, old_name, new_dir, new_name): (InodeId, &[u8], InodeId, &[u8]),
         flags: u32,
+        whiteout_owner: (u32, u32),
         hold: impl FnOnce(FileKind) -> bool,
         held: &mut Option<InodeId>,
     ) -> Result<()> {
-        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0 {
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE | RENAME_WHITEOUT) != 0 {
             return Err(Error::Unsupported(format!("rename flags {flags:#x}")));
         }
-        if flags == RENAME_NOREPLACE | RENAME_EXCHANGE {
+        if flags & RENAME_EXCHANGE != 0 && flags & (RENAME_NOREPLACE | RENAME_WHITEOUT) != 0 {
             return Err(Error::Invalid(
-                "rename cannot both exchange and refuse to replace".into(),
+                "rename cannot both exchange and refuse to replace or leave a whiteout".into(),
             ));
         }
+        let whiteout = flags & RENAME_WHITEOUT != 0;
         check_name(old_name)?;
         check_name(new_name)?;
         let mut w = self.writer_deleting()?;
@@ -321,7 +333,7 @@ impl Filesystem {
         let now = Timespec::now();
         // Each directory that gets a name has an index left for it.
         self.index_left(&mut w, new_dir)?;
-        if exchange {
+        if exchange || whiteout {
             self.index_left(&mut w, old_dir)?;
         }
         // Each name removed from a directory frees its bytes in the
@@ -375,6 +387,16 @@ impl Filesystem {
         self.remove_name(&mut w, old_dir, old_name, &src, now)?;
         self.add_name(&mut w, new_dir, new_name, src.id, src.kind, now)?;
         self.change_inode(&mut w, src.id, |i| i.ctime = now)?;
+        if whiteout {
+            let (uid, gid) = whiteout_owner;
+            let new = super::NewInode {
+                mode: libc::S_IFCHR,
+                uid,
+                gid,
+                rdev: 0,
+            };
+            self.new_inode(&mut w, old_dir, Some(old_name), new)?;
+        }
         Ok(())
     }
 

@@ -20,7 +20,7 @@ pub use attr::{AtimeUpdate, SetAttr, XATTR_CREATE, XATTR_REPLACE};
 pub(crate) use flags::Allowed;
 pub use flags::SETTABLE_FLAGS;
 pub use inode::{DirEntry, FileKind, InodeId, Stat};
-pub use links::{RENAME_EXCHANGE, RENAME_NOREPLACE};
+pub use links::{RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT};
 pub use namespace::NewInode;
 pub use open::{Filesystem, Geometry, StatFs};
 pub use props::COMPRESSION_PROP;

@@ -218,7 +218,13 @@ pub struct FuseFs {
     dir_ends: Arc<std::sync::Mutex<std::collections::HashMap<u64, u64>>>,
     /// The file handle of the next directory opened.
     next_dir_fh: Arc<std::sync::atomic::AtomicU64>,
+    /// Jobs that wait for the kernel's writeback, one after another on a
+    /// thread that serves no requests (see [`FuseFs::on_lseek`]).
+    writeback_waits: Arc<std::sync::Mutex<Option<std::sync::mpsc::Sender<WaitJob>>>>,
 }
+
+/// A job of [`FuseFs::writeback_waits`].
+type WaitJob = Box<dyn FnOnce() + Send>;
 
 /// The file handle of opens for writing: their release counts them out
 /// of [`FuseFs::writers`]. Others have 0.
@@ -318,6 +324,43 @@ impl FuseFs {
             writers: Arc::default(),
             dir_ends: Arc::default(),
             next_dir_fh: Arc::new(std::sync::atomic::AtomicU64::new(1)),
+            writeback_waits: Arc::default(),
+        }
+    }
+
+    /// Run `job` on the thread of writeback waits (started the first
+    /// time), after those queued before it; on a thread of its own if that
+    /// thread cannot be had. Never on the calling thread, which may be the
+    /// one to serve the writes the job waits for.
+    fn after_writeback_waits(&self, job: WaitJob) {
+        let mut tx = self
+            .writeback_waits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if tx.is_none() {
+            let (send, recv) = std::sync::mpsc::channel::<WaitJob>();
+            let started = std::thread::Builder::new()
+                .name("writeback-wait".into())
+                .spawn(move || {
+                    for job in recv {
+                        job();
+                    }
+                });
+            match started {
+                Ok(_) => *tx = Some(send),
+                Err(e) => tracing::warn!("no thread for writeback waits: {e}"),
+            }
+        }
+        let job = match tx.as_ref() {
+            Some(t) => match t.send(job) {
+                Ok(()) => return,
+                Err(e) => e.0,
+            },
+            None => job,
+        };
+        drop(tx);
+        if let Err(e) = std::thread::Builder::new().spawn(job) {
+            tracing::error!("no thread to wait for writeback: {e}");
         }
     }
 
@@ -1616,26 +1659,14 @@ impl FuseFs {
                 Err(e) => reply.error(e),
             };
         }
-        if self.own_threads.fetch_add(1, Ordering::AcqRel) >= OWN_THREADS {
-            self.own_threads.fetch_sub(1, Ordering::AcqRel);
-            return reply.error(Errno::EAGAIN);
-        }
         let me = self.clone();
-        let spawned = std::thread::Builder::new()
-            .name("lseek".into())
-            .spawn(move || {
-                me.write_back_file(ino, id);
-                let found = seek(&me);
-                me.own_threads.fetch_sub(1, Ordering::AcqRel);
-                match found {
-                    Ok(at) => reply.offset(at),
-                    Err(e) => reply.error(e),
-                }
-            });
-        if let Err(e) = spawned {
-            self.own_threads.fetch_sub(1, Ordering::AcqRel);
-            tracing::warn!("no thread for lseek: {e}");
-        }
+        self.after_writeback_waits(Box::new(move || {
+            me.write_back_file(ino, id);
+            match seek(&me) {
+                Ok(at) => reply.offset(at),
+                Err(e) => reply.error(e),
+            }
+        }));
     }
 
     /// Have the kernel write back the pages it caches of file `ino` and
@@ -1771,9 +1802,6 @@ impl FuseFs {
             if !caller_access::Credentials::is_admin(req.uid(), req.pid()) {
                 return reply.error(Errno::EPERM);
             }
-            if !self.served.writable() {
-                return reply.error(Errno::EROFS);
-            }
             let word = |i: usize| {
                 in_data
                     .get(i * 8..i * 8 + 8)
@@ -1782,9 +1810,21 @@ impl FuseFs {
             let (Some(start), Some(len), Some(min_len)) = (word(0), word(1), word(2)) else {
                 return reply.error(Errno::EINVAL);
             };
+            let range = move |trimmed: u64| {
+                let mut out = Vec::with_capacity(24);
+                for v in [start, trimmed, min_len] {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+                out
+            };
             let sb = self.served.fs_unlocked().superblock();
-            if start >= sb.total_bytes || len < u64::from(sb.sectorsize) {
+            if len < u64::from(sb.sectorsize) {
                 return reply.error(Errno::EINVAL);
+            }
+            // As the kernel: nothing to trim past the end or on a
+            // read-only mount, and that is no error.
+            if start >= sb.total_bytes || !self.served.writable() {
+                return reply.ioctl(0, &range(0));
             }
             return self.on_own_thread(reply, move |me| {
                 let done = me
@@ -1792,11 +1832,7 @@ impl FuseFs {
                     .fs_unlocked()
                     .trim(start, len, min_len)
                     .map_err(errno)?;
-                let mut out = Vec::with_capacity(24);
-                for v in [start, done.bytes(), min_len] {
-                    out.extend_from_slice(&v.to_le_bytes());
-                }
-                Ok(out)
+                Ok(range(done.bytes()))
             });
         }
         if cmd == BTRFS_IOC_SUBVOL_SETFLAGS {

@@ -156,7 +156,7 @@ fn statfs_of_uneven_raid1_is_the_kernels() {
 }
 
 /// What statfs says is available can be allocated: a file preallocated
-/// to all of it but 512 KiB (as fstests' generic/103 does) fits, the
+/// to all of it fits (fstests' generic/103 takes all but 512 KiB), the
 /// last chunks taking whatever device space is left, as the kernel's do;
 /// then check is clean and the kernel reads the file's size.
 fn fill(name: &str, mkfs: MkfsOptions) {
@@ -175,7 +175,7 @@ fn fill(name: &str, mkfs: MkfsOptions) {
         rdev: 0,
     };
     let id = fs.create(fs.root(), b"spc", new).unwrap().id;
-    let len = (free - (512 << 10)) / 4096 * 4096;
+    let len = free / 4096 * 4096;
     fs.fallocate(id, 0, 0, len)
         .unwrap_or_else(|e| panic!("{name}: preallocating {len} of {free} available: {e}"));
     let left = fs.statfs().free_bytes;
@@ -213,4 +213,80 @@ fn all_that_is_available_can_be_allocated() {
             },
         );
     }
+}
+
+/// 16 MiB files preallocated until the space runs out, on RAID1 over
+/// devices of 300, 500 and 700 MiB: ubtrfs fits as many as the kernel
+/// (which puts the largest device in nearly every chunk; picking among
+/// devices with room for a whole chunk by their order instead left 200
+/// MiB of the largest unused).
+#[test]
+fn uneven_raid1_fills_as_the_kernel_does() {
+    testkit::require_privileged!();
+    let sizes = [300u64 << 20, 500 << 20, 700 << 20];
+    let make = |t: &TestDir| -> Vec<std::path::PathBuf> {
+        let devices: Vec<_> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &size)| {
+                let p = t.join(format!("disk{i}.img"));
+                std::fs::File::create(&p).unwrap().set_len(size).unwrap();
+                p
+            })
+            .collect();
+        testkit::run(
+            Command::new("mkfs.btrfs")
+                .args(["-q", "-f", "-d", "raid1", "-m", "raid1"])
+                .args(&devices),
+        )
+        .unwrap();
+        devices
+    };
+    const STEP: u64 = 16 << 20;
+    let t = TestDir::new("fill-uneven-kernel").unwrap();
+    let devices = make(&t);
+    let mnt = t.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let kernel = {
+        let m = testkit::Mount::new(&devices, &mnt, "").unwrap();
+        let mut n = 0;
+        while n < 200 {
+            let f = std::fs::File::create(m.path().join(format!("f{n}"))).unwrap();
+            // SAFETY: fallocate on a descriptor open for this scope.
+            let r =
+                unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), 0, 0, STEP as i64) };
+            if r != 0 {
+                break;
+            }
+            n += 1;
+        }
+        m.unmount().unwrap();
+        n
+    };
+    let t = TestDir::new("fill-uneven-ubtrfs").unwrap();
+    let devices = make(&t);
+    let fs = Filesystem::open_read_write(&devices).unwrap();
+    let mut ours = 0;
+    while ours < 200 {
+        let new = ubtrfs::fs::NewInode {
+            mode: libc::S_IFREG | 0o644,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+        };
+        let id = fs
+            .create(fs.root(), format!("f{ours}").as_bytes(), new)
+            .unwrap()
+            .id;
+        if fs.fallocate(id, 0, 0, STEP).is_err() {
+            break;
+        }
+        ours += 1;
+    }
+    fs.commit().unwrap();
+    drop(fs);
+    assert!(
+        ours + 1 >= kernel,
+        "ubtrfs preallocated {ours} files of 16 MiB, the kernel {kernel}"
+    );
 }

@@ -295,14 +295,16 @@ fn plan_stripes(
 ) -> Option<(Vec<StripePlace>, u64, u16, u64)> {
     let lay = layout(profile);
     let want = max_size.max(STRIPE_LEN) * lay.dev_stripes;
-    // Each device's room for this chunk: a hole of `want`, or its largest.
+    // Each device's room for this chunk: a hole of `want`, or its largest;
+    // most room first and, as the kernel breaks ties, most free space in
+    // all (else the devices first listed fill while the largest waits).
     let mut avail: Vec<(u64, usize)> = devs
         .iter()
         .enumerate()
         .map(|(i, d)| (largest_hole(&d.free).min(want), i))
         .filter(|&(a, _)| a >= STRIPE_LEN * lay.dev_stripes)
         .collect();
-    avail.sort_by_key(|&(a, i)| (std::cmp::Reverse(a), i));
+    avail.sort_by_key(|&(a, i)| (std::cmp::Reverse((a, devs[i].free.total())), i));
     let mut ndevs = avail.len() / lay.devs_increment * lay.devs_increment;
     if lay.devs_max > 0 {
         ndevs = ndevs.min(lay.devs_max);

@@ -38,8 +38,9 @@ impl Trimmed {
 impl Filesystem {
     /// Trim the free space of the block groups in logical range
     /// `[start, start + len)`, in free runs of at least `min_len` bytes,
-    /// and every device's unallocated space. Devices that take no discard
-    /// are left as they are (nothing is trimmed there).
+    /// and, when the range is the whole filesystem, every device's
+    /// unallocated space. Devices that take no discard are left as they
+    /// are (nothing is trimmed there).
     pub fn trim(&self, start: u64, len: u64, min_len: u64) -> Result<Trimmed> {
         if self.writer.is_none() {
             return Err(Error::ReadOnly("trim of a read-only filesystem".into()));
@@ -83,6 +84,11 @@ impl Filesystem {
                 }
             }
             drop(w);
+        }
+        // Unallocated space lies outside the logical range: trimmed when
+        // the whole filesystem is asked for (as fstrim does by default).
+        if start > 0 || end < self.superblock().total_bytes {
+            return Ok(done);
         }
         let w = self.writer()?;
         let devices = self.device_holes()?;

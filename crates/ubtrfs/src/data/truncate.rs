@@ -311,7 +311,15 @@ impl Filesystem {
         // (a commit may free it) for the new extents and for the sectors
         // zeroed at either end, which become dirty data.
         let added: u64 = segs.iter().map(|(a, b)| b - a).sum();
-        self.reserve_dirty_space(w, added + 2 * ss)?;
+        let last = old / ss * ss;
+        let edges = [
+            zero && inline,
+            zero && !offset.is_multiple_of(ss),
+            zero && !end.is_multiple_of(ss),
+            end > old && !old.is_multiple_of(ss) && !(a0 <= last && last + ss <= a1),
+        ];
+        let edges = edges.iter().filter(|&&e| e).count() as u64 * ss;
+        self.reserve_dirty_space(w, added + edges)?;
         let pieces = if added > 0 {
             self.reserve_data(w, added)?
         } else {

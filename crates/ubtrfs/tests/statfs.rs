@@ -102,11 +102,9 @@ fn statfs_of_raid1_is_the_kernels() {
     );
 }
 
-/// RAID1 over devices of unequal size: 1 GiB and 3 GiB (about 1 GiB of
-/// data fits, as each byte needs both), and 1, 2 and 4 GiB (where the
-/// kernel says less than fits); read-write and read-only.
-fn uneven_raid1(name: &str, sizes: &[u64]) {
-    let t = TestDir::new(name).unwrap();
+/// New image files of `sizes` in `t`, made one RAID1 filesystem (data
+/// and metadata) by mkfs.btrfs.
+fn raid1_devices(t: &TestDir, sizes: &[u64]) -> Vec<std::path::PathBuf> {
     let devices: Vec<std::path::PathBuf> = sizes
         .iter()
         .enumerate()
@@ -122,6 +120,15 @@ fn uneven_raid1(name: &str, sizes: &[u64]) {
             .args(&devices),
     )
     .unwrap();
+    devices
+}
+
+/// RAID1 over devices of unequal size: 1 GiB and 3 GiB (about 1 GiB of
+/// data fits, as each byte needs both), and 1, 2 and 4 GiB (where the
+/// kernel says less than fits); read-write and read-only.
+fn uneven_raid1(name: &str, sizes: &[u64]) {
+    let t = TestDir::new(name).unwrap();
+    let devices = raid1_devices(&t, sizes);
     let mnt = t.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
     let kernel = {
@@ -224,24 +231,7 @@ fn all_that_is_available_can_be_allocated() {
 fn uneven_raid1_fills_as_the_kernel_does() {
     testkit::require_privileged!();
     let sizes = [300u64 << 20, 500 << 20, 700 << 20];
-    let make = |t: &TestDir| -> Vec<std::path::PathBuf> {
-        let devices: Vec<_> = sizes
-            .iter()
-            .enumerate()
-            .map(|(i, &size)| {
-                let p = t.join(format!("disk{i}.img"));
-                std::fs::File::create(&p).unwrap().set_len(size).unwrap();
-                p
-            })
-            .collect();
-        testkit::run(
-            Command::new("mkfs.btrfs")
-                .args(["-q", "-f", "-d", "raid1", "-m", "raid1"])
-                .args(&devices),
-        )
-        .unwrap();
-        devices
-    };
+    let make = |t: &TestDir| raid1_devices(t, &sizes);
     const STEP: u64 = 16 << 20;
     let t = TestDir::new("fill-uneven-kernel").unwrap();
     let devices = make(&t);

@@ -1818,7 +1818,7 @@ impl FuseFs {
                 out
             };
             let sb = self.served.fs_unlocked().superblock();
-            if len < u64::from(sb.sectorsize) {
+            if len < u64::from(sb.sectorsize) || start == u64::MAX {
                 return reply.error(Errno::EINVAL);
             }
             // As the kernel: nothing to trim past the end or on a

@@ -1368,7 +1368,11 @@ impl Run<'_> {
         let bin = Path::new(common::ubtrfs_bin());
         // More arguments (say -vv) by hand, for debugging.
         let extra = std::env::var("UBTRFS_FUSE_MOUNT_ARGS").unwrap_or_default();
-        let mut args: Vec<&str> = self.s.mount.to_vec();
+        // Views of the mount are compared with the kernel's, access times
+        // too: reading files for a view must not move them (relatime
+        // would; `mount_times.rs` tests it).
+        let mut args: Vec<&str> = vec!["-o", "noatime"];
+        args.extend(self.s.mount);
         args.extend(extra.split_whitespace());
         match UbtrfsMount::start(bin, &[&self.img], &self.t.join("fuse"), &args) {
             Ok(m) => {

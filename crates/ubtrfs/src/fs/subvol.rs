@@ -185,7 +185,19 @@ impl Filesystem {
             }
             // The kernel lets files open for writing go on writing; here their
             // writes still to come would be refused, and lost.
-            if readonly && self.open_inodes().users.keys().any(|i| i.subvol == subvol) {
+            // (Open directories take no writes: they do not count.)
+            let open: Vec<InodeId> = self
+                .open_inodes()
+                .users
+                .keys()
+                .filter(|i| i.subvol == subvol)
+                .copied()
+                .collect();
+            let is_dir = |id: InodeId| {
+                self.inode_item(id)
+                    .is_ok_and(|i| i.mode & libc::S_IFMT == libc::S_IFDIR)
+            };
+            if readonly && open.into_iter().any(|id| !is_dir(id)) {
                 return Err(Error::Busy(format!(
                     "files in subvolume {subvol} are open: close them first"
                 )));

@@ -429,17 +429,13 @@ impl FuseFs {
     /// time as the mount options say, as the kernel does on the reads
     /// (which the page cache may answer without the mount), and have the
     /// kernel fetch it again.
-    fn note_access(&self, ino: INodeNo, dir: bool) {
-        if !self.served.writable() || (dir && !self.diratime) {
+    /// `st` is its attributes as the open found them: most opens decide
+    /// from them, with no lookup of their own.
+    fn note_access(&self, ino: INodeNo, st: &Stat, dir: bool) {
+        if !self.served.writable() || (dir && !self.diratime) || !self.atime.moves(st) {
             return;
         }
         let id = self.inode_of(ino);
-        let due = self
-            .served
-            .read(|fs| fs.access_moves_atime(id, self.atime).map_err(errno));
-        if due != Ok(true) {
-            return;
-        }
         match self
             .served
             .write(|fs| fs.note_access(id, self.atime).map_err(errno))
@@ -945,8 +941,11 @@ impl FuseFs {
             Ok(st)
         });
         let reading = flags.acc_mode() != OpenAccMode::O_WRONLY && flags.0 & libc::O_NOATIME == 0;
-        if reading && matches!(found, Ok(ref st) if st.kind != FileKind::Dir) {
-            self.note_access(ino, false);
+        if let Ok(st) = &found
+            && reading
+            && st.kind != FileKind::Dir
+        {
+            self.note_access(ino, st, false);
         }
         match found {
             Ok(st) if st.kind == FileKind::Dir => reply.error(Errno::EISDIR),
@@ -1092,9 +1091,9 @@ impl FuseFs {
                 reply.opened(FileHandle(0), FopenFlags::FOPEN_CACHE_DIR)
             }
             // The open directory keeps its inode if it is removed meanwhile.
-            Ok(_) => {
+            Ok(st) => {
                 if flags.0 & libc::O_NOATIME == 0 {
-                    self.note_access(ino, true);
+                    self.note_access(ino, &st, true);
                 }
                 self.served.read(|fs| fs.hold_inode(self.inode_of(ino)));
                 reply.opened(self.dir_opened(ino), FopenFlags::empty())

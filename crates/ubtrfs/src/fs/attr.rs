@@ -70,6 +70,16 @@ pub enum AtimeUpdate {
     Never,
 }
 
+impl AtimeUpdate {
+    /// Whether an access now to an inode with attributes `st` moves its
+    /// access time under this rule (never with the no-atime flag): what
+    /// [`Filesystem::access_moves_atime`] says, from attributes at hand.
+    pub fn moves(self, st: &Stat) -> bool {
+        st.flags & INODE_NOATIME == 0
+            && atime_moves(self, st.atime, st.mtime, st.ctime, Timespec::now())
+    }
+}
+
 /// Whether an access at `now` moves access time `atime` of an inode last
 /// modified at `mtime` and changed at `ctime`, under `rule`.
 fn atime_moves(

@@ -174,6 +174,9 @@ pub struct Options {
     pub atime: AtimeUpdate,
     /// Whether listings move directories' access times.
     pub diratime: bool,
+    /// Mounted without replaying the log tree (`nologreplay`): fstrim is
+    /// refused, as the log's blocks look free.
+    pub nologreplay: bool,
     /// Where it is mounted (canonical): a snapshot's source must be in
     /// this mount.
     pub mountpoint: std::path::PathBuf,
@@ -210,6 +213,8 @@ pub struct FuseFs {
     /// When reads and listings move access times (see [`Options`]).
     atime: AtimeUpdate,
     diratime: bool,
+    /// See [`Options::nologreplay`].
+    nologreplay: bool,
     /// Inodes open for writing, with how many opens: the kernel may hold
     /// dirty pages of them (see [`FuseFs::on_lseek`]).
     writers: Arc<std::sync::Mutex<std::collections::HashMap<InodeId, u32>>>,
@@ -321,6 +326,7 @@ impl FuseFs {
             own_threads: Arc::default(),
             atime: opts.atime,
             diratime: opts.diratime,
+            nologreplay: opts.nologreplay,
             writers: Arc::default(),
             dir_ends: Arc::default(),
             next_dir_fh: Arc::new(std::sync::atomic::AtomicU64::new(1)),
@@ -436,9 +442,10 @@ impl FuseFs {
             return;
         }
         let id = self.inode_of(ino);
+        // Only noted in memory (the next commit writes it): no change lock.
         match self
             .served
-            .write(|fs| fs.note_access(id, self.atime).map_err(errno))
+            .read(|fs| fs.note_access(id, self.atime).map_err(errno))
         {
             Ok(true) => self.served.invalidate_attrs(ino),
             Ok(false) => {}
@@ -1806,6 +1813,11 @@ impl FuseFs {
                     .get(i * 8..i * 8 + 8)
                     .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
             };
+            // The blocks of a log not replayed are free in the block
+            // groups: trimming them would lose it (the kernel refuses too).
+            if self.nologreplay {
+                return reply.error(Errno::EROFS);
+            }
             let (Some(start), Some(len), Some(min_len)) = (word(0), word(1), word(2)) else {
                 return reply.error(Errno::EINVAL);
             };

@@ -2735,3 +2735,100 @@ fn fstrim_makes_holes_of_free_space() {
     m.unmount_cleanly();
     check_image(&img);
 }
+
+/// `nologreplay` (and its old name `norecovery`) shows what the last
+/// commit left, not what was fsync'd since, and leaves the log on disk;
+/// it needs `ro`, and fstrim is refused under it (the log's blocks look
+/// free). The kernel shows the same and refuses the same.
+#[test]
+fn nologreplay_shows_the_last_commit() {
+    use std::os::fd::AsRawFd;
+    require_privileged!();
+    let t = TestDir::new("mount-rw-nologreplay").unwrap();
+    let img = new_image(&t);
+    let m = RwMount::start(&img, &t.join("fuse"), &NO_TIMER);
+    let kept = pattern(10_000, 7);
+    fs::write(m.path().join("kept"), &kept).unwrap();
+    // BTRFS_IOC_SYNC: commit now (FUSE passes no syncfs on).
+    let top = File::open(m.path()).unwrap();
+    // SAFETY: an argument-less ioctl on a descriptor open for this scope.
+    assert_eq!(unsafe { libc::ioctl(top.as_raw_fd(), 0x9408) }, 0);
+    drop(top);
+    let logged = pattern(20_000, 8);
+    let mut f = File::create(m.path().join("logged")).unwrap();
+    f.write_all(&logged).unwrap();
+    f.sync_all().unwrap();
+    m.kill();
+    drop(f);
+    // The superblock's log_root (offset 0x60) names the fsync's log.
+    let log_root = || {
+        use std::os::unix::fs::FileExt;
+        let mut b = [0u8; 8];
+        File::open(&img)
+            .unwrap()
+            .read_exact_at(&mut b, 0x1_0000 + 0x60)
+            .unwrap();
+        u64::from_le_bytes(b)
+    };
+    assert_ne!(log_root(), 0, "the fsync left no log");
+
+    let out = Command::new(ubtrfs_bin())
+        .args(["mount", "-o", "nologreplay"])
+        .arg(&img)
+        .arg(t.join("fuse"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("nologreplay needs a read-only mount"),
+        "read-write nologreplay: {out:?}"
+    );
+    assert!(!is_mount_point(&t.join("fuse")));
+
+    let fstrim = |mnt: &Path| {
+        let out = Command::new("fstrim").arg(mnt).output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for opts in ["ro,nologreplay", "ro,norecovery", "ro,rescue=nologreplay"] {
+        let m = RwMount::start(&img, &t.join("fuse"), &["-o", opts]);
+        assert_eq!(fs::read(m.path().join("kept")).unwrap(), kept, "{opts}");
+        assert!(
+            !m.path().join("logged").exists(),
+            "{opts}: the log was replayed"
+        );
+        let (ok, err) = fstrim(m.path());
+        assert!(
+            !ok && err.contains("Read-only file system"),
+            "{opts}: fstrim: {err}"
+        );
+        let (status, err) = m.unmount();
+        assert!(status.success(), "{opts}: {err}");
+        assert!(err.contains("not replayed"), "{opts}: no warning: {err}");
+        assert_ne!(log_root(), 0, "{opts}: the log is gone");
+    }
+    // The kernel, on a copy: the image stays as ubtrfs alone left it.
+    let copy = t.join("copy.img");
+    fs::copy(&img, &copy).unwrap();
+    {
+        let k = Mount::single(&copy, &t.join("kernel"), "ro,rescue=nologreplay").unwrap();
+        assert_eq!(fs::read(k.path().join("kept")).unwrap(), kept);
+        assert!(!k.path().join("logged").exists());
+        let (ok, err) = fstrim(k.path());
+        assert!(
+            !ok && err.contains("Read-only file system"),
+            "kernel fstrim: {err}"
+        );
+    }
+    // Without the option the log is replayed (in memory, read-only).
+    let m = RwMount::start(&img, &t.join("fuse"), &["--ro"]);
+    assert_eq!(fs::read(m.path().join("logged")).unwrap(), logged);
+    let (status, err) = m.unmount();
+    assert!(
+        status.success() && err.contains("replayed in memory"),
+        "{err}"
+    );
+    check_image(&img);
+}

@@ -43,7 +43,7 @@ csum=inline|offload|auto, compress[=ALG[:LEVEL]], compress-force[=ALG[:LEVEL]] \
 subvol=PATH, subvolid=ID, uring, nouring, allow_other, \
 allow_root, auto_unmount, default_permissions, dev, nodev, suid, nosuid, \
 exec, noexec, relatime, strictatime, noatime, atime, diratime, nodiratime, \
-sync, async, dirsync, fsname=NAME, subtype=NAME. \
+norecovery or rescue=nologreplay (with ro; also nologreplay), sync, async, dirsync, fsname=NAME, subtype=NAME. \
 The mount is read-write unless --ro or ro is given; it always has \
 default_permissions, and nodev,nosuid unless dev or suid is given. \
 nodatacow gives new regular files the no-COW and no-checksum flags, \
@@ -51,6 +51,8 @@ nodatasum the no-checksum flag, as the kernel's options do. \
 Access times move as the kernel's relatime (the default), strictatime \
 and noatime say, when a file is opened for reading or a directory for \
 listing. \
+nologreplay shows the filesystem as its last commit left it, without \
+replaying what was fsync'd since (the log tree, left on disk). \
 subvol=PATH (relative to the top-level subvolume) or subvolid=ID mounts \
 that subvolume as the root instead of the default one. \
 Requests come over io_uring (one queue per CPU) when the kernel offers it \
@@ -106,6 +108,8 @@ struct Settings {
     /// Whether listings move directories' access times (`nodiratime` says
     /// no).
     diratime: bool,
+    /// Leave a log tree unreplayed (`nologreplay`, `norecovery`; read-only).
+    nologreplay: bool,
 }
 
 /// Which subvolume `subvol=` and `subvolid=` ask for.
@@ -193,6 +197,7 @@ fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<(Config, Settings)> 
     let (mut nodatacow, mut nodatasum) = (false, false);
     let mut subvol: Option<SubvolChoice> = None;
     let mut uring = true;
+    let mut nologreplay = false;
     let (mut atime, mut diratime) = (AtimeUpdate::Relative, true);
     for opt in args.options.iter().flat_map(|o| o.split(',')) {
         let o = match opt {
@@ -217,6 +222,11 @@ fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<(Config, Settings)> 
             }
             "ro" => {
                 read_only = true;
+                continue;
+            }
+            // The kernel's norecovery is its old name for nologreplay.
+            "nologreplay" | "norecovery" | "rescue=nologreplay" => {
+                nologreplay = true;
                 continue;
             }
             "uring" | "nouring" => {
@@ -337,6 +347,11 @@ fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<(Config, Settings)> 
         opts.push(o);
     }
     read_only |= args.ro;
+    if nologreplay && !read_only {
+        bail!(
+            "mount option nologreplay needs a read-only mount (-o ro): a log not replayed would be lost"
+        );
+    }
     opts.push(if read_only {
         MountOption::RO
     } else {
@@ -392,6 +407,7 @@ fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<(Config, Settings)> 
         uring,
         atime,
         diratime,
+        nologreplay,
     };
     Ok((config, settings))
 }
@@ -468,7 +484,15 @@ fn parse_commit(secs: &str) -> Result<u64> {
 
 /// Open the filesystem, read-write unless `read_only`, and print the
 /// library's warnings on stderr.
-fn open_fs(devices: &[PathBuf], read_only: bool) -> Result<Filesystem> {
+fn open_fs(devices: &[PathBuf], read_only: bool, nologreplay: bool) -> Result<Filesystem> {
+    if nologreplay {
+        let fs = Filesystem::open_without_log_replay(devices)
+            .with_context(|| format!("cannot open a btrfs filesystem on {}", list(devices)))?;
+        for warning in fs.warnings() {
+            eprintln!("ubtrfs: warning: {warning}");
+        }
+        return Ok(fs);
+    }
     if read_only {
         return super::open_fs(devices);
     }
@@ -503,7 +527,7 @@ fn serve(
     // every thread inherits the mask and only the waiter below sees them.
     let signals = block_signals()?;
     let mounted = (|| -> Result<_> {
-        let fs = open_fs(devices, settings.read_only)?;
+        let fs = open_fs(devices, settings.read_only, settings.nologreplay)?;
         if !settings.read_only {
             if let Some(mode) = settings.csum_mode {
                 fs.set_csum_mode(mode)
@@ -521,6 +545,7 @@ fn serve(
             uring: settings.uring,
             atime: settings.atime,
             diratime: settings.diratime,
+            nologreplay: settings.nologreplay,
             mountpoint: mountpoint.to_path_buf(),
         };
         let served = Arc::new(Served::new(fs, !settings.read_only));

@@ -56,85 +56,11 @@ pub struct SetAttr {
     pub times_of_writes: bool,
 }
 
-/// When an access (a read, a listing) moves an inode's access time: the
-/// kernel's mount options for it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum AtimeUpdate {
-    /// `relatime`, the default: only when the access time is not after
-    /// the last change of data or attributes, or is a day old.
-    #[default]
-    Relative,
-    /// `strictatime`: on every access.
-    Always,
-    /// `noatime`: never.
-    Never,
-}
-
-impl AtimeUpdate {
-    /// Whether an access now to an inode with attributes `st` moves its
-    /// access time under this rule (never with the no-atime flag): what
-    /// [`Filesystem::access_moves_atime`] says, from attributes at hand.
-    pub fn moves(self, st: &Stat) -> bool {
-        st.flags & INODE_NOATIME == 0
-            && atime_moves(self, st.atime, st.mtime, st.ctime, Timespec::now())
-    }
-}
-
-/// Whether an access at `now` moves access time `atime` of an inode last
-/// modified at `mtime` and changed at `ctime`, under `rule`.
-fn atime_moves(
-    rule: AtimeUpdate,
-    atime: Timespec,
-    mtime: Timespec,
-    ctime: Timespec,
-    now: Timespec,
-) -> bool {
-    let key = |t: Timespec| (t.sec, t.nsec);
-    let due = match rule {
-        AtimeUpdate::Never => false,
-        AtimeUpdate::Always => true,
-        AtimeUpdate::Relative => {
-            key(mtime) >= key(atime)
-                || key(ctime) >= key(atime)
-                || now.sec.saturating_sub(atime.sec) >= 24 * 60 * 60
-        }
-    };
-    due && key(atime) != key(now)
-}
-
 fn show(name: &[u8]) -> String {
     String::from_utf8_lossy(name).into_owned()
 }
 
 impl Filesystem {
-    /// Inode `id` was read (or listed): move its access time as `rule`
-    /// says, unless the filesystem is read-only or the inode has the
-    /// no-atime flag (`chattr +A`). Returns whether it moved. The kernel
-    /// does this on each read; a FUSE mount, which does not see reads the
-    /// page cache answers, does it when a file is opened for reading.
-    pub fn note_access(&self, id: InodeId, rule: AtimeUpdate) -> Result<bool> {
-        if !self.access_moves_atime(id, rule)? {
-            return Ok(false);
-        }
-        let now = Timespec::now();
-        self.change("updating the access time", || {
-            let mut w = self.writer()?;
-            self.change_inode(&mut w, id, |i| i.atime = now)?;
-            Ok(true)
-        })
-    }
-
-    /// Whether an access to `id` now would move its access time
-    /// ([`Filesystem::note_access`]); changes nothing.
-    pub fn access_moves_atime(&self, id: InodeId, rule: AtimeUpdate) -> Result<bool> {
-        if rule == AtimeUpdate::Never || self.writer.is_none() || id.is_placeholder() {
-            return Ok(false);
-        }
-        let item = self.inode_item(id)?;
-        Ok(item.flags & INODE_NOATIME == 0
-            && atime_moves(rule, item.atime, item.mtime, item.ctime, Timespec::now()))
-    }
-
     /// Change attributes of `id`; returns the new ones. A size change goes
     /// through [`Filesystem::truncate`] and sets mtime and ctime unless
     /// they are given.

@@ -1,6 +1,7 @@
 //! The filesystem layer: subvolumes, inodes, directories, names and xattrs,
 //! on top of the trees. [`Filesystem`] is the library's entry point.
 
+mod access_time;
 mod acl;
 mod attr;
 pub mod dir;
@@ -15,8 +16,10 @@ mod subvol;
 mod subvol_delete;
 mod xattr;
 
+pub use access_time::AtimeUpdate;
+pub(crate) use access_time::PendingAtimes;
 pub use acl::{ACL_ACCESS, ACL_DEFAULT, Acl, Inherited, inherit};
-pub use attr::{AtimeUpdate, SetAttr, XATTR_CREATE, XATTR_REPLACE};
+pub use attr::{SetAttr, XATTR_CREATE, XATTR_REPLACE};
 pub(crate) use flags::Allowed;
 pub use flags::SETTABLE_FLAGS;
 pub use inode::{DirEntry, FileKind, InodeId, Stat};

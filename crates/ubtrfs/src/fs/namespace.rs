@@ -76,7 +76,10 @@ impl Filesystem {
         let bytes = item.to_bytes();
         self.modify_tree(w, id.subvol, |ed, root| {
             ed.put(root, Key::new(id.ino, INODE_ITEM_KEY, 0), bytes)
-        })
+        })?;
+        // The item holds whatever access time was noted for it.
+        self.pending_atimes.forget(id);
+        Ok(())
     }
 
     /// Read, change and write an inode item; the change counts as a new
@@ -771,6 +774,7 @@ impl Filesystem {
     /// Delete every item of an inode that has no name left, dropping its
     /// references to data extents.
     fn delete_inode_now(&self, w: &mut Writer, id: InodeId) -> Result<()> {
+        self.pending_atimes.forget(id);
         let (lo, hi) = (Key::new(id.ino, 0, 0), Key::new(id.ino, u8::MAX, u64::MAX));
         let tree = self.fs_tree(id.subvol)?;
         let mut items = tree

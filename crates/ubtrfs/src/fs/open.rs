@@ -90,6 +90,8 @@ pub struct Filesystem {
     /// Held by a changing operation from its start until it is judged
     /// whole or half done (see [`Filesystem::aborted`]).
     pub(crate) change_gate: std::sync::Mutex<()>,
+    /// Access times noted and not yet written (see `fs::access_time`).
+    pub(crate) pending_atimes: super::PendingAtimes,
 }
 
 impl Filesystem {
@@ -107,6 +109,23 @@ impl Filesystem {
             return crate::tree_log::open_replayed_in_memory(set);
         }
         Self::open_unreplayed(set)
+    }
+
+    /// Open the filesystem on `devices` read-only as its last commit left
+    /// it, without replaying a log tree (the kernel's `nologreplay`, for a
+    /// log that will not replay): what was fsync'd after that commit is
+    /// not shown, and a warning says so.
+    pub fn open_without_log_replay<P: AsRef<Path>>(devices: &[P]) -> Result<Self> {
+        let set = DeviceSet::open(devices)?;
+        let logged = set.superblock.log_root != 0;
+        let mut fs = Self::open_unreplayed(set)?;
+        if logged {
+            fs.warnings.push(
+                "the log tree is not replayed (nologreplay): what was fsync'd after the last commit is not shown"
+                    .into(),
+            );
+        }
+        Ok(fs)
     }
 
     /// Open the filesystem as it is on disk, ignoring any log tree.
@@ -185,6 +204,7 @@ impl Filesystem {
             before_long_work: std::sync::OnceLock::new(),
             aborted: std::sync::OnceLock::new(),
             change_gate: std::sync::Mutex::new(()),
+            pending_atimes: Default::default(),
         };
         fs.default_subvol = fs.find_default_subvol()?;
         Ok(fs)
@@ -347,7 +367,9 @@ impl Filesystem {
             .ok_or_else(|| {
                 Error::NotFound(format!("inode {} in subvolume {}", id.ino, id.subvol))
             })?;
-        InodeItem::parse(item.data())
+        let mut inode = InodeItem::parse(item.data())?;
+        self.pending_atimes.apply(id, &mut inode);
+        Ok(inode)
     }
 
     /// [`Filesystem::inode_item`] of a file whose data is to be changed

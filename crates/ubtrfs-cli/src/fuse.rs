@@ -2122,9 +2122,24 @@ impl FuseFs {
                 })
             }
             SubvolRequest::Destroy { .. } => {
+                // The names in the subvolume's root, which the kernel may
+                // still cache for a descriptor opened before: dropped
+                // after, as the kernel's btrfs prunes them.
+                let root = self.served.read(|fs| {
+                    let root = fs.lookup(dir, name).ok()?.id;
+                    Some((root, fs.read_dir(root, 0).ok()?))
+                });
                 self.served.write_committing("subvolume deletion", |fs| {
                     fs.delete_subvolume(dir, name, false)
-                })
+                })?;
+                if let Some((root, entries)) = root
+                    && let Ok(root) = self.to_fuse(root)
+                {
+                    for e in entries {
+                        self.served.invalidate_entry(root, &e.name);
+                    }
+                }
+                Ok(())
             }
         }
     }

@@ -918,3 +918,47 @@ fn received_snapshots_stay_read_only_unless_forced() {
     );
     k.unmount().unwrap();
 }
+
+/// Through a descriptor opened before its deletion, a deleted
+/// subvolume's root has no names and takes none, as the kernel marks it
+/// dead: the same steps print the same on kernel btrfs.
+#[test]
+fn a_deleted_subvolumes_root_is_dead_to_descriptors_opened_before() {
+    use common::steps::{Step, Who, against_kernel};
+    const SCRIPT: &str = r#"$BTRFS subvolume create sub >/dev/null && touch sub/a sub/b && mkdir sub/d &&
+python3 - "$BTRFS" <<'PYEOF'
+import errno, os, subprocess, sys
+root = os.open("sub", os.O_RDONLY | os.O_DIRECTORY)
+os.stat("a", dir_fd=root)
+print(sorted(os.listdir(root)))
+subprocess.run([sys.argv[1], "subvolume", "delete", "sub"], check=True, capture_output=True)
+def attempt(what, f):
+    try:
+        print(what, f())
+    except OSError as e:
+        print(what, errno.errorcode[e.errno])
+attempt("list", lambda: sorted(os.listdir(root)))
+attempt("list by path", lambda: sorted(os.listdir(f"/proc/self/fd/{root}")))
+attempt("size", lambda: os.stat(root).st_size)
+attempt("stat a", lambda: os.stat("a", dir_fd=root).st_size)
+attempt("create a", lambda: os.open("a", os.O_CREAT | os.O_WRONLY, dir_fd=root) > 0)
+attempt("create new", lambda: os.open("new", os.O_CREAT | os.O_WRONLY, dir_fd=root) > 0)
+attempt("mkdir new", lambda: os.mkdir("newdir", dir_fd=root))
+attempt("exists", lambda: os.path.exists("sub"))
+PYEOF"#;
+    require_privileged!();
+    let t = TestDir::new("subvol-dead-root").unwrap();
+    let steps = [Step {
+        who: Who::Root,
+        ok: true,
+        script: SCRIPT,
+        err: "",
+    }];
+    let c = against_kernel(&t, &steps, "", &["-o", "commit=300"]);
+    assert!(
+        c.printed[0].contains("list []") && c.printed[0].contains("create new ENOENT"),
+        "{}",
+        c.printed[0]
+    );
+    check_image(&c.ubtrfs_img);
+}

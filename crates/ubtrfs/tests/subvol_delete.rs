@@ -536,8 +536,9 @@ fn dead_roots(img: &Path) -> usize {
 
 /// A subvolume deleted while a file in it is held (open) goes as the
 /// kernel's does: gone from its directory and from the list at once, while
-/// its file is still read, written and fsynced, and a new file made beside
-/// it; a snapshot of it, or a subvolume made in it, is refused (ENOENT).
+/// its file is still read, written and fsynced; its root is dead (no
+/// lookup, no new file there), and a snapshot of it, or a subvolume made
+/// in it, is refused (ENOENT).
 /// Its tree goes with the last release. A crash before that (the hold
 /// never released) leaves a dead root that `btrfs check` accepts and that
 /// the next open drops; the kernel reads both images.
@@ -569,9 +570,9 @@ fn a_subvolume_deleted_in_use_lives_until_its_last_release() {
         assert_eq!(fs.read_all(f).unwrap(), vec![5u8; 200_000]);
         fs.write(f, 100_000, b"later").unwrap();
         fs.fsync(f, false).unwrap();
-        let g = fs.create(v, b"g", file).unwrap().id;
-        fs.write(g, 0, b"beside").unwrap();
-        assert_eq!(fs.read_all(g).unwrap(), b"beside");
+        // Its root is dead, as in the kernel: no new names.
+        assert!(matches!(fs.create(v, b"g", file), Err(Error::NotFound(_))));
+        assert!(matches!(fs.lookup(v, b"f"), Err(Error::NotFound(_))));
         assert_eq!(fs.read(f, 100_000, 5).unwrap(), b"later");
         assert!(matches!(
             fs.create_snapshot(v.subvol, top, b"s", false),

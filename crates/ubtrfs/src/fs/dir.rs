@@ -110,6 +110,7 @@ impl Filesystem {
     /// Look `name` up in directory `dir`.
     pub fn lookup(&self, dir: InodeId, name: &[u8]) -> Result<DirEntry> {
         self.dir_check(dir)?;
+        self.check_live_dir(dir)?;
         self.find_name(dir, name)
     }
 
@@ -161,6 +162,7 @@ impl Filesystem {
         limit: usize,
     ) -> Result<Vec<DirEntry>> {
         self.dir_check(dir)?;
+        self.check_live_dir(dir)?;
         if dir.is_placeholder() {
             return Ok(Vec::new());
         }

@@ -175,6 +175,9 @@ impl Filesystem {
             Allowed::Nothing | Allowed::Anything => "a name out of the directory",
         };
         self.check_fixed(dir, &item, allowed, what)?;
+        if allowed == Allowed::Growth {
+            self.check_live_dir(dir)?;
+        }
         Ok(item)
     }
 

@@ -191,6 +191,16 @@ impl Filesystem {
 
     /// Refuse to put anything into, or snapshot, a subvolume deleted
     /// while in use (ENOENT, as the kernel answers).
+    /// Fails if `dir` is the root directory of a deleted subvolume: as in
+    /// the kernel, which marks it dead, a descriptor of it opened before
+    /// the deletion finds no names in it and adds none.
+    pub(crate) fn check_live_dir(&self, dir: InodeId) -> Result<()> {
+        if dir.ino != FIRST_INODE || dir.subvol == FS_TREE_OBJECTID || dir.is_placeholder() {
+            return Ok(());
+        }
+        self.check_not_deleted(dir.subvol)
+    }
+
     pub(crate) fn check_not_deleted(&self, subvol: u64) -> Result<()> {
         if self.find_root(subvol)?.is_some_and(|(_, r)| r.refs == 0) {
             return Err(Error::NotFound(format!("subvolume {subvol} was deleted")));

@@ -423,6 +423,46 @@ impl FuseFs {
         }
     }
 
+    /// Set the inode flags of `id` under `mapped` to `flags`, keeping the
+    /// others (`FS_IOC_SETFLAGS`, `FS_IOC_FSSETXATTR`), as the kernel's
+    /// btrfs sets them.
+    fn change_flags(
+        &self,
+        ino: INodeNo,
+        id: InodeId,
+        flags: u64,
+        mapped: u64,
+        reply: impl IoctlReply,
+    ) {
+        if !self.served.writable() {
+            return reply.error(Errno::EROFS);
+        }
+        let change = |fs: &ubtrfs::fs::Filesystem| {
+            use ubtrfs::format::consts::{INODE_NODATACOW, INODE_NODATASUM};
+            let st = fs.stat(id)?;
+            let cur = st.flags & ubtrfs::fs::SETTABLE_FLAGS;
+            let mut want = (cur & !mapped) | flags;
+            // As the kernel's: a file with data keeps its no-COW and
+            // no-checksum (no-COW asked for is silently not set); an
+            // empty one not asked for no-COW loses no-checksum too.
+            let cow = INODE_NODATACOW | INODE_NODATASUM;
+            if st.kind == FileKind::File && st.size > 0 {
+                want = (want & !cow) | (cur & cow);
+            } else if st.kind == FileKind::File && want & INODE_NODATACOW == 0 {
+                want &= !INODE_NODATASUM;
+            }
+            fs.set_flags(id, want)
+        };
+        match self.served.write(|fs| change(fs).map_err(errno)) {
+            Ok(_) => {
+                reply.ioctl(0, &[]);
+                // The change time moved; the kernel does not know.
+                self.served.invalidate_attrs(ino);
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
     /// Whether `id` is open for writing.
     fn has_writers(&self, id: InodeId) -> bool {
         self.writers
@@ -1933,35 +1973,33 @@ impl FuseFs {
                     // Flags the library does not enforce are refused, not pretended.
                     return reply.error(Errno::EOPNOTSUPP);
                 };
-                if !self.served.writable() {
-                    return reply.error(Errno::EROFS);
-                }
                 // Flags chattr cannot see here are kept as they are.
                 let mapped = FS_FLAG_MAP.iter().fold(0, |a, (_, b)| a | b);
-                let change = |fs: &ubtrfs::fs::Filesystem| {
-                    use ubtrfs::format::consts::{INODE_NODATACOW, INODE_NODATASUM};
-                    let st = fs.stat(id)?;
-                    let cur = st.flags & ubtrfs::fs::SETTABLE_FLAGS;
-                    let mut want = (cur & !mapped) | flags;
-                    // As the kernel's: a file with data keeps its no-COW and
-                    // no-checksum (no-COW asked for is silently not set); an
-                    // empty one not asked for no-COW loses no-checksum too.
-                    let cow = INODE_NODATACOW | INODE_NODATASUM;
-                    if st.kind == FileKind::File && st.size > 0 {
-                        want = (want & !cow) | (cur & cow);
-                    } else if st.kind == FileKind::File && want & INODE_NODATACOW == 0 {
-                        want &= !INODE_NODATASUM;
-                    }
-                    fs.set_flags(id, want)
+                self.change_flags(ino, id, flags, mapped, reply);
+            }
+            FS_IOC_FSSETXATTR => {
+                let word = |i: usize| {
+                    in_data
+                        .get(i * 4..i * 4 + 4)
+                        .map(|b| u32::from_le_bytes(b.try_into().unwrap_or_default()))
                 };
-                match self.served.write(|fs| change(fs).map_err(errno)) {
-                    Ok(_) => {
-                        reply.ioctl(0, &[]);
-                        // The change time moved; the kernel does not know.
-                        self.served.invalidate_attrs(ino);
-                    }
-                    Err(e) => reply.error(e),
+                let (Some(xflags), Some(extsize), Some(projid), Some(cowextsize)) =
+                    (word(0), word(1), word(3), word(4))
+                else {
+                    return reply.error(Errno::EINVAL);
+                };
+                // As btrfs: the flags chattr also has, no extent size
+                // hints, no project ids (the kernel's btrfs refuses those).
+                let known = XFLAG_MAP.iter().fold(0, |a, (x, _)| a | x);
+                if xflags & !known != 0 || extsize != 0 || projid != 0 || cowextsize != 0 {
+                    return reply.error(Errno::EOPNOTSUPP);
                 }
+                let flags = XFLAG_MAP
+                    .iter()
+                    .filter(|(x, _)| xflags & x != 0)
+                    .fold(0, |a, (_, b)| a | b);
+                let mapped = XFLAG_MAP.iter().fold(0, |a, (_, b)| a | b);
+                self.change_flags(ino, id, flags, mapped, reply);
             }
             control::UBTRFS_IOC_SUBVOL_LIST => {
                 if !caller_access::Credentials::is_admin(req.uid(), req.pid()) {
@@ -2376,28 +2414,26 @@ pub const BTRFS_IOC_SUBVOL_GETFLAGS: u32 = 0x8008_9419;
 pub const BTRFS_IOC_SUBVOL_SETFLAGS: u32 = 0x4008_941a;
 /// `BTRFS_IOC_SYNC`, `_IO(0x94, 8)`: commit the running transaction.
 pub const BTRFS_IOC_SYNC: u32 = 0x9408;
-/// `FS_IOC_FSGETXATTR` (struct fsxattr, 28 bytes).
+/// `FS_IOC_FSGETXATTR` and `FS_IOC_FSSETXATTR` (struct fsxattr, 28 bytes).
 const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
+
+/// The `fsx_xflags` btrfs takes, and their btrfs inode flags.
+const XFLAG_MAP: [(u32, u64); 4] = [
+    (0x08, ubtrfs::format::consts::INODE_IMMUTABLE),
+    (0x10, ubtrfs::format::consts::INODE_APPEND),
+    (0x40, ubtrfs::format::consts::INODE_NOATIME),
+    (0x80, ubtrfs::format::consts::INODE_NODUMP),
+];
 
 /// The `fsx_xflags` for btrfs inode flags (immutable, append-only, no-dump
-/// and no-atime apply).
+/// and no-atime apply). The kernel compares these with a change to let
+/// only CAP_LINUX_IMMUTABLE switch immutable and append-only.
 fn to_xflags(flags: u64) -> u32 {
-    let mut x = 0;
-    // The kernel compares these with a change to let only
-    // CAP_LINUX_IMMUTABLE switch them.
-    if flags & ubtrfs::format::consts::INODE_IMMUTABLE != 0 {
-        x |= 0x08;
-    }
-    if flags & ubtrfs::format::consts::INODE_APPEND != 0 {
-        x |= 0x10;
-    }
-    if flags & ubtrfs::format::consts::INODE_NODUMP != 0 {
-        x |= 0x80;
-    }
-    if flags & ubtrfs::format::consts::INODE_NOATIME != 0 {
-        x |= 0x40;
-    }
-    x
+    XFLAG_MAP
+        .iter()
+        .filter(|(_, b)| flags & b != 0)
+        .fold(0, |a, (x, _)| a | x)
 }
 
 /// The `chattr` flags ubtrfs keeps, and their btrfs inode flags.

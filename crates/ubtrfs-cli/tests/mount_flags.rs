@@ -16,7 +16,9 @@
 //!   and the kernel reads the flags ubtrfs wrote.
 //!
 //! Needs root, loop devices, the btrfs module, btrfs-progs, fuse3,
-//! util-linux (`setpriv`), e2fsprogs (`chattr`, `lsattr`) and attr.
+//! util-linux (`setpriv`), e2fsprogs (`chattr`, `lsattr`), xfsprogs
+//! (`xfs_io`, whose chattr sets the flags through `FS_IOC_FSSETXATTR`)
+//! and attr.
 
 mod common;
 
@@ -53,6 +55,16 @@ const fn einval(script: &'static str) -> Step {
         ok: false,
         script,
         err: EINVAL,
+    }
+}
+
+/// A step by root that fails with EOPNOTSUPP.
+const fn unsupported(script: &'static str) -> Step {
+    Step {
+        who: Who::Root,
+        ok: false,
+        script,
+        err: "Operation not supported",
     }
 }
 
@@ -170,6 +182,27 @@ os.pwrite(fd, b'ab', 1); os.write(fd, b'Z'); os.close(fd)\" && cat early && lsat
     user(true, "chattr +A mine && lsattr mine"),
     root(true, "chattr +i mine && lsattr mine"),
     user(false, "chattr -i mine"),
+    // The same flags through FS_IOC_FSSETXATTR (`xfs_io chattr`), which
+    // takes no extent size hint, project id or other flag on btrfs.
+    root(
+        true,
+        "touch xf && chown 1000:2000 xf \
+         && xfs_io -r -c 'chattr +A' -c 'chattr +d' -c 'lsattr -v' xf && lsattr xf",
+    ),
+    user(true, "xfs_io -r -c 'chattr -d' xf && lsattr xf"),
+    user(false, "xfs_io -r -c 'chattr +i' xf"),
+    root(
+        true,
+        "xfs_io -r -c 'chattr +i' -c 'chattr +a' -c 'lsattr -v' xf && lsattr xf \
+         && xfs_io -r -c 'chattr -i' -c 'chattr -a' xf && lsattr xf",
+    ),
+    unsupported("xfs_io -r -c 'chattr +x' xf"),
+    unsupported(
+        "python3 -c \"import fcntl, os, struct\n\
+fd = os.open('xf', os.O_RDONLY)\n\
+fcntl.ioctl(fd, 0x401c5820, struct.pack('<5I8x', 0, 65536, 0, 0, 0))\"",
+    ),
+    root(true, "xfs_io -r -c 'lsattr -v' xf && rm xf"),
     // Cleared, everything goes again.
     root(
         true,
@@ -190,7 +223,14 @@ os.pwrite(fd, b'ab', 1); os.write(fd, b'Z'); os.close(fd)\" && cat early && lsat
 #[test]
 fn immutable_and_append_only_work_as_in_the_kernel() {
     require_privileged!();
-    for tool in ["setpriv", "chattr", "lsattr", "setfattr", "fallocate"] {
+    for tool in [
+        "setpriv",
+        "chattr",
+        "lsattr",
+        "setfattr",
+        "fallocate",
+        "xfs_io",
+    ] {
         assert!(which(tool).is_some(), "{tool} not found");
     }
     let t = TestDir::new("mount-flags").unwrap();

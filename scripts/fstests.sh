@@ -26,7 +26,8 @@ export PATH=$PATH:/usr/sbin:/sbin
 command -v gawk >/dev/null || die "fstests needs gawk (apt-get install gawk)"
 
 cargo build --release -p ubtrfs-cli
-BIN=$(pwd)/target/release/ubtrfs
+# Where cargo put it (CARGO_TARGET_DIR, if set, as an absolute path).
+BIN=$(realpath "${CARGO_TARGET_DIR:-target}")/release/ubtrfs
 WORK=${UBTRFS_FSTESTS_WORK:-/var/tmp/ubtrfs-fstests}
 mkdir -p "$WORK/test" "$WORK/scratch"
 

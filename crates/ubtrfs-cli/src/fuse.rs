@@ -1001,11 +1001,20 @@ impl FuseFs {
             Ok(_) if !self.served.writable() => {
                 reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
             }
-            // An append-only file opened for writing bypasses the page
-            // cache: each write then comes with the file's flags, and one
-            // that dropped O_APPEND (fcntl) is refused in `on_write`; a
+            // An append-only or synchronous file opened for writing
+            // bypasses the page cache: each write then comes with the
+            // file's flags. One to an append-only file that dropped
+            // O_APPEND (fcntl) is refused in `on_write`, one to a
+            // synchronous file is made durable before it is answered; a
             // shared writable mapping is refused by the kernel.
-            Ok(st) if writing && st.flags & ubtrfs::format::consts::INODE_APPEND != 0 => {
+            Ok(st)
+                if writing
+                    && st.kind == FileKind::File
+                    && st.flags
+                        & (ubtrfs::format::consts::INODE_APPEND
+                            | ubtrfs::format::consts::INODE_SYNC)
+                        != 0 =>
+            {
                 self.served.read(|fs| fs.hold_inode(id));
                 reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO)
             }
@@ -1527,29 +1536,31 @@ impl FuseFs {
         self.stats.max(Counter::MaxWrite, data.len() as u64);
         // A write past the page cache comes with the file's flags: to an
         // append-only file, only with O_APPEND (the kernel's check on
-        // fcntl, which FUSE leaves to the filesystem). The page cache's
-        // own writes were allowed when their file was opened.
-        if !write_flags.contains(fuser::WriteFlags::FUSE_WRITE_CACHE)
-            && flags.0 & libc::O_APPEND == 0
-        {
-            let append_only = self.served.read(|fs| {
-                self.stat(fs, ino)
-                    .map(|st| st.flags & ubtrfs::format::consts::INODE_APPEND != 0)
-            });
-            match append_only {
-                Ok(false) => {}
-                Ok(true) => return reply.error(Errno::EPERM),
+        // fcntl, which FUSE leaves to the filesystem); to a synchronous
+        // file (`chattr +S`), durable before it is answered, as the
+        // kernel's write makes it. The page cache's own writes were
+        // allowed when their file was opened.
+        let mut sync = false;
+        if !write_flags.contains(fuser::WriteFlags::FUSE_WRITE_CACHE) {
+            use ubtrfs::format::consts::{INODE_APPEND, INODE_SYNC};
+            let file_flags = match self.served.read(|fs| self.stat(fs, ino)) {
+                Ok(st) => st.flags,
                 Err(e) => return reply.error(e),
+            };
+            if file_flags & INODE_APPEND != 0 && flags.0 & libc::O_APPEND == 0 {
+                return reply.error(Errno::EPERM);
             }
+            sync = file_flags & INODE_SYNC != 0;
         }
         let kill = write_flags
             .contains(fuser::WriteFlags::FUSE_WRITE_KILL_SUIDGID)
             .then(|| req.pid());
         let reply: Box<dyn WriteAnswer> = Box::new(reply);
         let deferred = self.deferred.get().filter(|d| {
-            d.wants(ino, data.len(), || {
-                self.served.fs_unlocked().writes_must_wait()
-            })
+            !sync
+                && d.wants(ino, data.len(), || {
+                    self.served.fs_unlocked().writes_must_wait()
+                })
         });
         let reply = match deferred {
             Some(d) => {
@@ -1569,6 +1580,9 @@ impl FuseFs {
         };
         match self.write_ctx().write(ino, offset, data, kill) {
             Ok((n, killed)) => {
+                if sync && let Err(e) = self.served.fsync(self.inode_of(ino), ino, false) {
+                    return reply.answer(Err(e));
+                }
                 reply.answer(Ok(n));
                 if killed {
                     // The kernel still has the old mode cached.
@@ -2419,9 +2433,10 @@ const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
 const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
 
 /// The `fsx_xflags` btrfs takes, and their btrfs inode flags.
-const XFLAG_MAP: [(u32, u64); 4] = [
+const XFLAG_MAP: [(u32, u64); 5] = [
     (0x08, ubtrfs::format::consts::INODE_IMMUTABLE),
     (0x10, ubtrfs::format::consts::INODE_APPEND),
+    (0x20, ubtrfs::format::consts::INODE_SYNC),
     (0x40, ubtrfs::format::consts::INODE_NOATIME),
     (0x80, ubtrfs::format::consts::INODE_NODUMP),
 ];
@@ -2437,9 +2452,11 @@ fn to_xflags(flags: u64) -> u32 {
 }
 
 /// The `chattr` flags ubtrfs keeps, and their btrfs inode flags.
-const FS_FLAG_MAP: [(u32, u64); 7] = [
+const FS_FLAG_MAP: [(u32, u64); 9] = [
     (0x0000_0010, ubtrfs::format::consts::INODE_IMMUTABLE), // i: immutable
     (0x0000_0020, ubtrfs::format::consts::INODE_APPEND),    // a: append only
+    (0x0000_0008, ubtrfs::format::consts::INODE_SYNC),      // S: synchronous writes
+    (0x0001_0000, ubtrfs::format::consts::INODE_DIRSYNC),   // D: kept, as btrfs keeps it
     (0x0080_0000, ubtrfs::format::consts::INODE_NODATACOW), // C: no copy-on-write
     (0x0000_0004, ubtrfs::format::consts::INODE_COMPRESS),  // c: compress
     (0x0000_0400, ubtrfs::format::consts::INODE_NOCOMPRESS), // m: no compression

@@ -203,6 +203,15 @@ fd = os.open('xf', os.O_RDONLY)\n\
 fcntl.ioctl(fd, 0x401c5820, struct.pack('<5I8x', 0, 65536, 0, 0, 0))\"",
     ),
     root(true, "xfs_io -r -c 'lsattr -v' xf && rm xf"),
+    // Synchronous writes (S, xfs_io's s) and directory updates (D, which
+    // btrfs keeps and does not act on).
+    root(
+        true,
+        "touch sf && mkdir sd && chattr +S sf && chattr +D sd && lsattr sf && lsattr -d sd \
+         && xfs_io -r -c 'chattr -s' -c 'lsattr -v' sf && xfs_io -r -c 'chattr +s' -c 'lsattr -v' sf \
+         && echo data > sf && echo more >> sf && cat sf && touch sd/new && ls sd && lsattr sd/new \
+         && rm -r sf sd",
+    ),
     // Cleared, everything goes again.
     root(
         true,

@@ -1569,6 +1569,32 @@ fn fsync_durable_after_sigkill() {
     assert_eq!(fs::read(kernel.path().join("mapped")).unwrap(), mapped);
 }
 
+/// A write to a file with the synchronous flag (`chattr +S`) is durable
+/// when it returns, as in the kernel: the mount makes it so before it
+/// answers. SIGKILL right after loses nothing of it.
+#[test]
+fn synchronous_file_writes_survive_sigkill() {
+    use std::os::unix::fs::FileExt;
+    require_privileged!();
+    let t = TestDir::new("mount-rw-sync-flag").unwrap();
+    let img = new_image(&t);
+    let m = RwMount::start(&img, &t.join("fuse"), &NO_TIMER);
+    let p = m.path().join("s");
+    File::create(&p).unwrap();
+    let out = Command::new("chattr").arg("+S").arg(&p).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let mut data = pattern(300_000, 40);
+    let mut f = OpenOptions::new().write(true).open(&p).unwrap();
+    f.write_all(&data).unwrap();
+    f.write_all_at(b"overwritten", 1000).unwrap();
+    put(&mut data, 1000, b"overwritten");
+    m.kill();
+    drop(f);
+    check_image(&img);
+    let kernel = Mount::single(&img, &t.join("kernel"), "").unwrap();
+    assert_eq!(fs::read(kernel.path().join("s")).unwrap(), data);
+}
+
 /// Held for writing by a test that empties the kernel's dentry and inode
 /// caches (for every mount on the machine), for reading by a test that
 /// counts the requests a cached listing saves: tests run in parallel.

@@ -111,6 +111,16 @@ const STEPS: &[Step] = &[
     ),
     root(false, "touch -d @1000000000 g"),
     root(false, "touch -m -d @1000000000 g"),
+    // utimensat(now, an explicit modification time): refused too.
+    root(
+        false,
+        "python3 -c \"import ctypes, os\n\
+libc = ctypes.CDLL(None, use_errno=True)\n\
+ts = (ctypes.c_long * 4)(0, (1 << 30) - 1, 1000000000, 0)\n\
+if libc.utimensat(-100, b'g', ts, 0):\n\
+\traise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))\"",
+    ),
+    root(true, "touch g && stat -c %s g"),
     // Dropping O_APPEND (refused by the kernel at fcntl, by the mount at
     // the write), a shared writable mapping (refused at mmap).
     root(

@@ -912,7 +912,6 @@ impl Filesystem {
     /// [`Filesystem::commit`] inside the caller's hold on the transaction.
     pub(crate) fn commit_locked(&self, w: &mut Writer) -> Result<()> {
         self.long_work_ahead();
-        self.write_pending_atimes(w)?;
         // A commit may use the reserve (that is what it is for): a new
         // chunk only below it. Taking one whenever space is merely low
         // would grow metadata at every commit meant to free pinned space.
@@ -922,6 +921,7 @@ impl Filesystem {
                 Err(e) => return Err(e),
             }
         }
+        self.write_pending_atimes(w)?;
         self.writeback_all(w)?;
         // The dirty data's metadata is in the trees now.
         w.delalloc_metadata = 0;

@@ -152,7 +152,30 @@ impl Filesystem {
     /// Write the access times noted since the last commit into their
     /// inode items (the commit calls this first). Inodes deleted since,
     /// and subvolumes deleted or made read-only since, are passed over.
+    /// Out of metadata space, the times not written yet are dropped: an
+    /// access time is never worth failing a commit (the kernel skips an
+    /// update it has no room for too).
     pub(crate) fn write_pending_atimes(&self, w: &mut Writer) -> Result<()> {
+        // Nor worth the reserve the rest of the commit may need.
+        let room = w.blocks.alloc.free_bytes(crate::alloc::SpaceKind::Metadata)
+            >= 2 * self.metadata_reserve();
+        let written = if room {
+            self.write_noted_atimes(w)
+        } else {
+            Err(Error::NoSpace("metadata reserve".into()))
+        };
+        match written {
+            Err(Error::NoSpace(_)) => {
+                for id in self.pending_atimes.noted() {
+                    self.pending_atimes.forget(id);
+                }
+                Ok(())
+            }
+            r => r,
+        }
+    }
+
+    fn write_noted_atimes(&self, w: &mut Writer) -> Result<()> {
         for id in self.pending_atimes.noted() {
             let item = match self.inode_item(id) {
                 Ok(item) => item,

@@ -478,7 +478,7 @@ impl FuseFs {
     /// `st` is its attributes as the open found them: most opens decide
     /// from them, with no lookup of their own.
     fn note_access(&self, ino: INodeNo, st: &Stat, dir: bool) {
-        if !self.served.writable() || (dir && !self.diratime) || !self.atime.moves(st) {
+        if !self.served.takes_changes() || (dir && !self.diratime) || !self.atime.moves(st) {
             return;
         }
         let id = self.inode_of(ino);

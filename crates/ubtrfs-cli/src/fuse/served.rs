@@ -115,6 +115,12 @@ impl Served {
         self.writable
     }
 
+    /// Whether changes are still taken: writable, and neither unmounted
+    /// (the last commit ran) nor closed by a failed commit.
+    pub fn takes_changes(&self) -> bool {
+        self.writable && !self.closed.load(Ordering::Acquire)
+    }
+
     /// Run a reading operation, shut out of any running change.
     pub fn read<T>(&self, f: impl FnOnce(&Filesystem) -> T) -> T {
         let _shared = self.lock.read().unwrap_or_else(|e| e.into_inner());

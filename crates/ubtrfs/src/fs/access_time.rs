@@ -107,6 +107,10 @@ impl PendingAtimes {
         }
     }
 
+    fn has(&self, id: InodeId) -> bool {
+        self.any.load(Ordering::Acquire) && self.times().contains_key(&id)
+    }
+
     fn noted(&self) -> Vec<InodeId> {
         if !self.any.load(Ordering::Acquire) {
             return Vec::new();
@@ -156,17 +160,13 @@ impl Filesystem {
     /// access time is never worth failing a commit (the kernel skips an
     /// update it has no room for too).
     pub(crate) fn write_pending_atimes(&self, w: &mut Writer) -> Result<()> {
-        // Nor worth the reserve the rest of the commit may need.
-        let room = w.blocks.alloc.free_bytes(crate::alloc::SpaceKind::Metadata)
-            >= 2 * self.metadata_reserve();
-        let written = if room {
-            self.write_noted_atimes(w)
-        } else {
-            Err(Error::NoSpace("metadata reserve".into()))
-        };
+        let noted = self.pending_atimes.noted();
+        let written = noted
+            .iter()
+            .try_for_each(|&id| self.write_pending_atime(w, id));
         match written {
             Err(Error::NoSpace(_)) => {
-                for id in self.pending_atimes.noted() {
+                for &id in noted.iter() {
                     self.pending_atimes.forget(id);
                 }
                 Ok(())
@@ -175,28 +175,37 @@ impl Filesystem {
         }
     }
 
-    fn write_noted_atimes(&self, w: &mut Writer) -> Result<()> {
-        for id in self.pending_atimes.noted() {
-            let item = match self.inode_item(id) {
-                Ok(item) => item,
-                Err(Error::NotFound(_)) => {
-                    self.pending_atimes.forget(id);
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            if w.check_writable(id.subvol).is_err() {
-                self.pending_atimes.forget(id);
-                continue;
-            }
-            // An access is no new version of the inode (its sequence stays).
-            let item = InodeItem {
-                transid: w.blocks.transid,
-                ..item
-            };
-            self.put_inode(w, id, &item)?;
+    /// Write the access time noted for `id`, if any, into its item: what
+    /// an fsync of it logs then, as the kernel's does. `NoSpace` when
+    /// metadata is down to twice the reserve, which the rest of a commit
+    /// may need (nor is an access time worth it).
+    pub(crate) fn write_pending_atime(&self, w: &mut Writer, id: InodeId) -> Result<()> {
+        if !self.pending_atimes.has(id) {
+            return Ok(());
         }
-        Ok(())
+        if w.blocks.alloc.free_bytes(crate::alloc::SpaceKind::Metadata)
+            < 2 * self.metadata_reserve()
+        {
+            return Err(Error::NoSpace("metadata reserve".into()));
+        }
+        let item = match self.inode_item(id) {
+            Ok(item) => item,
+            Err(Error::NotFound(_)) => {
+                self.pending_atimes.forget(id);
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        if w.check_writable(id.subvol).is_err() {
+            self.pending_atimes.forget(id);
+            return Ok(());
+        }
+        // An access is no new version of the inode (its sequence stays).
+        let item = InodeItem {
+            transid: w.blocks.transid,
+            ..item
+        };
+        self.put_inode(w, id, &item)
     }
 }
 
@@ -235,6 +244,23 @@ mod tests {
         ));
         // Never to the time it already has.
         assert!(!atime_moves(AtimeUpdate::Always, now, ts(20), ts(20), now));
+    }
+
+    /// An fsync logs a noted access time, as the kernel logs the inode
+    /// with it: after a crash (no commit) the log's replay brings it back.
+    #[test]
+    fn fsync_logs_a_noted_access_time() {
+        let mut t = TestFs::new();
+        let f = t.file(b"f", b"data");
+        t.fs().commit().unwrap();
+        let before = t.fs().stat(f).unwrap().atime;
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(t.fs().note_access(f, AtimeUpdate::Always).unwrap());
+        let noted = t.fs().stat(f).unwrap().atime;
+        assert_ne!(noted, before);
+        t.fs().fsync(f, false).unwrap();
+        t.reopen_uncommitted().unwrap();
+        assert_eq!(t.fs().stat(f).unwrap().atime, noted);
     }
 
     /// A noted access time shows at once, is written by the next commit

@@ -160,6 +160,7 @@ impl Filesystem {
         self.change("fsync", move || {
             let mut w = self.lock_writer()?;
             let pending = |state, turn| Ok(self.pending_sync(state, turn));
+            self.fsync_atime(&mut w, id)?;
             if !w.is_dirty() && !self.delalloc().has(id) {
                 drop(w);
                 return pending(Pending::Done(Synced::Nothing), turn);
@@ -203,6 +204,7 @@ impl Filesystem {
     pub fn fsync_prepare(&self, id: InodeId) -> Result<()> {
         self.change("fsync", || {
             let mut w = self.lock_writer()?;
+            self.fsync_atime(&mut w, id)?;
             self.writeback(&mut w, id)?;
             self.finish_in_flight(&mut w, Some(id), true)?;
             self.reserve_metadata(&mut w, false)
@@ -247,6 +249,16 @@ impl Filesystem {
                 }
             }
         })
+    }
+
+    /// Put the access time noted for `id` in its item, so that the log
+    /// holds it (the kernel logs the inode with it); left to the commit
+    /// when metadata is short.
+    fn fsync_atime(&self, w: &mut Writer, id: InodeId) -> Result<()> {
+        match self.write_pending_atime(w, id) {
+            Err(Error::NoSpace(_)) => Ok(()),
+            r => r,
+        }
     }
 
     fn pending_sync<'a>(

@@ -59,7 +59,7 @@ keep=(dev suid)
 IFS=, read -ra parts <<< "\$opts"
 for o in "\${parts[@]}"; do
   case \$o in
-    rw|ro|allow_other|default_permissions|nodev|dev|nosuid|suid|exec|noexec|sync|async|dirsync|noatime|atime|relatime|strictatime|diratime|nodiratime|commit=*|compress*|nodatacow|nodatasum|datacow|datasum|subvol=*|subvolid=*|uring|nouring) keep+=("\$o");;
+    rw|ro|allow_other|default_permissions|nodev|dev|nosuid|suid|exec|noexec|sync|async|dirsync|noatime|atime|relatime|strictatime|diratime|nodiratime|commit=*|compress*|nodatacow|nodatasum|datacow|datasum|subvol=*|subvolid=*|uring|nouring|norecovery|nologreplay|rescue=nologreplay) keep+=("\$o");;
   esac
 done
 o=\$(IFS=,; echo "\${keep[*]}")

@@ -164,6 +164,23 @@ fd = os.open('early', os.O_WRONLY)\n\
 subprocess.run(['chattr', '+i', 'early'], check=True)\n\
 os.pwrite(fd, b'ab', 1); os.write(fd, b'Z'); os.close(fd)\" && cat early && lsattr early",
     ),
+    // So does ftruncate through it; never through one of an append-only
+    // file.
+    root(
+        true,
+        "printf 12345678 > early2 && python3 -c \"import os, subprocess\n\
+fd = os.open('early2', os.O_WRONLY)\n\
+subprocess.run(['chattr', '+i', 'early2'], check=True)\n\
+os.ftruncate(fd, 3); os.ftruncate(fd, 6); os.close(fd)\" && od -c early2 && lsattr early2 \
+         && chattr -i early2 && rm early2",
+    ),
+    root(
+        false,
+        "printf abc > ap && chattr +a ap && python3 -c \"import os\n\
+fd = os.open('ap', os.O_WRONLY | os.O_APPEND)\n\
+os.ftruncate(fd, 1)\"",
+    ),
+    root(true, "chattr -a ap && cat ap && rm ap"),
     // Another user's append drops set-user-ID, append-only or not.
     root(true, "printf s > suid && chmod 4777 suid && chattr +a suid"),
     user(true, "echo more >> suid"),

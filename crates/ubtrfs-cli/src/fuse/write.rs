@@ -247,6 +247,7 @@ impl FuseFs {
             // The times the writeback cache sends after writes, through
             // the file written: never an access time.
             times_of_writes: c.open_file && c.atime.is_none(),
+            size_through_open_file: c.open_file,
         };
         let times_only = SetAttr {
             atime: None,

@@ -154,7 +154,7 @@ impl Filesystem {
             // Whole in itself: a clone refused further on (an encoded
             // source extent) leaves a longer file, nothing half done.
             crate::transaction::abort::unit(|| {
-                self.truncate_locked(w, dst, dst_off, now)?;
+                self.truncate_locked(w, dst, dst_off, now, crate::fs::Allowed::Nothing)?;
                 self.writeback(w, dst)
             })?;
         }

@@ -95,21 +95,24 @@ impl Filesystem {
             } else {
                 self.writer_deleting()?
             };
-            self.truncate_locked(&mut w, id, new_size, Timespec::now())
+            self.truncate_locked(&mut w, id, new_size, Timespec::now(), Allowed::Nothing)
         })
     }
 
     /// [`Filesystem::truncate`] inside the caller's hold on the
     /// transaction; sets mtime and ctime to `now` when the size changes.
+    /// `allowed`: what the inode's flags let the caller do (see
+    /// [`SetAttr::size_through_open_file`](crate::fs::SetAttr)).
     pub(crate) fn truncate_locked(
         &self,
         w: &mut Writer,
         id: InodeId,
         new_size: u64,
         now: Timespec,
+        allowed: Allowed,
     ) -> Result<()> {
         self.long_work_ahead();
-        let inode = self.regular_file(id, Allowed::Nothing, "truncate")?;
+        let inode = self.regular_file(id, allowed, "truncate")?;
         if new_size > i64::MAX as u64 {
             return Err(Error::Invalid(format!(
                 "size {new_size} is past the largest file size"

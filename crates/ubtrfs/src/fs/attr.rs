@@ -54,6 +54,10 @@ pub struct SetAttr {
     /// writes): they are set on a file made immutable or append-only
     /// since it was opened, as the kernel's own updates of them are.
     pub times_of_writes: bool,
+    /// The size comes through a file opened for writing (`ftruncate`):
+    /// as in the kernel, it is set on a file made immutable since it was
+    /// opened, never on an append-only one.
+    pub size_through_open_file: bool,
 }
 
 fn show(name: &[u8]) -> String {
@@ -106,6 +110,14 @@ impl Filesystem {
                     Allowed::Anything
                 }
                 (None, None, None) if attr.mode.is_none() => Allowed::Growth,
+                (None, None, Some(_))
+                    if attr.mode.is_none()
+                        && attr.atime.is_none()
+                        && attr.size_through_open_file
+                        && item.flags & INODE_APPEND == 0 =>
+                {
+                    Allowed::Anything
+                }
                 (None, None, None) if mode_dropped && attr.atime.is_none() => Allowed::Anything,
                 _ => Allowed::Nothing,
             };
@@ -123,7 +135,7 @@ impl Filesystem {
                 _ => self.writer_deleting()?,
             };
             if let Some(size) = resize {
-                self.truncate_locked(&mut w, id, size, now)?;
+                self.truncate_locked(&mut w, id, size, now, allowed)?;
             }
             if others {
                 self.change_inode(&mut w, id, |i| {

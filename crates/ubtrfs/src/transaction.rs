@@ -786,6 +786,15 @@ impl Filesystem {
             && (w.log.is_some() || w.blocks.alloc.pinned_bytes(SpaceKind::Metadata) >= reserve)
         {
             self.commit_locked(w)?;
+            // A commit that brought little back would come again a few
+            // changes later (every fsync's log makes the next one likely):
+            // grow now instead, as the kernel grows before metadata is full.
+            if w.blocks.alloc.free_bytes(SpaceKind::Metadata) < 3 * reserve {
+                match self.alloc_chunk(w, SpaceKind::Metadata) {
+                    Ok(()) | Err(Error::NoSpace(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
         }
         if low(w) {
             match self.alloc_chunk(w, SpaceKind::Metadata) {

@@ -525,7 +525,9 @@ impl Filesystem {
             if w.delalloc_metadata > 0 {
                 self.commit_locked(w)?;
             }
-            if !enough(w, 2 * reserve) {
+            // A commit that brought little back would come again a few
+            // writes later: grow now (see `reserve_metadata`).
+            if !enough(w, 3 * reserve) {
                 match self.alloc_chunk(w, SpaceKind::Metadata) {
                     Ok(()) | Err(Error::NoSpace(_)) => {}
                     Err(e) => return Err(e),

@@ -54,10 +54,6 @@ pub(super) struct Change {
     pub open_file: bool,
 }
 
-/// How long before a `setattr` request the kernel's "now" may have been
-/// read: a few ticks of the coarse clock.
-const JUST_NOW_NS: i128 = 50_000_000;
-
 impl FuseFs {
     /// Create an inode of any kind (`mode` holds the type) named `name`
     /// in `parent`, owned by the caller. The caller's `umask` applies
@@ -216,16 +212,12 @@ impl FuseFs {
         // "now" (with the access time as now), and the times of writes
         // through the file written, with no access time.
         let given = |t: Option<TimeOrNow>| matches!(t, Some(TimeOrNow::SpecificTime(_)));
-        // That modification time for "now" is what the kernel read from
-        // its clock (the coarse one, as ours) just before: one this
-        // recent, beside an access time of now, is taken for now, any
-        // other for the caller's own (utimensat(now, t)).
-        let just_now = |t: Option<TimeOrNow>| match t {
-            Some(TimeOrNow::SpecificTime(t)) => {
-                let t = timespec(t);
-                let ns = |t: Timespec| i128::from(t.sec) * 1_000_000_000 + i128::from(t.nsec);
-                (0..=JUST_NOW_NS).contains(&(ns(now) - ns(t)))
-            }
+        // That modification time for "now" is the change time the same
+        // request carries (the kernel stamps both from one reading of its
+        // clock); any other beside an access time of now is the caller's
+        // own (utimensat(now, t)).
+        let just_now = |t: Option<TimeOrNow>| match (t, c.ctime) {
+            (Some(TimeOrNow::SpecificTime(t)), Some(ct)) => t == ct,
             _ => false,
         };
         let explicit_times = given(c.atime)

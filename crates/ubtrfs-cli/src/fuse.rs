@@ -68,7 +68,8 @@
 //! unique within a subvolume, so they are mapped, stably across mounts:
 //!
 //! * the root directory of the mounted (default) subvolume is
-//!   [`fuser::INodeNo::ROOT`] (1);
+//!   [`fuser::INodeNo::ROOT`] (1), but shows its own number (256) as
+//!   `st_ino` and in listings, as on a kernel mount;
 //! * any other inode of the top-level subvolume (tree id 5) keeps its own
 //!   number (btrfs never uses 1 for a file);
 //! * an inode of any other subvolume is `subvol << 40 | ino`;
@@ -80,8 +81,9 @@
 //!   looked up.
 //!
 //! Inode numbers must be below 2^40 - 2^24 and subvolume ids below 2^24;
-//! anything else is answered with `EOVERFLOW`. The same number is reported as
-//! `st_ino`, so snapshots of a file are never mistaken for hard links.
+//! anything else is answered with `EOVERFLOW`. The same number (but the
+//! root's) is reported as `st_ino`, so snapshots of a file are never
+//! mistaken for hard links.
 //!
 //! # Directory offsets
 //!
@@ -537,10 +539,32 @@ impl FuseFs {
         fs.stat(self.inode_of(ino)).map_err(errno)
     }
 
-    /// The attributes the kernel sees for `st`.
+    /// The inode number `stat` and listings show for `id`: its FUSE
+    /// number, but for the mount's root, which shows its own (256 in a
+    /// subvolume's root), as on a kernel mount.
+    fn st_ino(&self, id: InodeId) -> Result<INodeNo, Errno> {
+        if id == self.root {
+            return Ok(INodeNo(id.ino));
+        }
+        self.to_fuse(id)
+    }
+
+    /// The inode a descriptor's `st_ino` stands for (the inverse of
+    /// [`FuseFs::st_ino`]). The root's own number may also be the FUSE
+    /// number of an inode of the top-level subvolume, which is then
+    /// either the root itself or out of this mount's reach.
+    fn inode_of_st_ino(&self, st_ino: u64) -> InodeId {
+        if st_ino == self.root.ino {
+            return self.root;
+        }
+        self.inode_of(INodeNo(st_ino))
+    }
+
+    /// The attributes the kernel sees for `st` (`ino` is what `stat`
+    /// shows: [`FuseFs::st_ino`]; an entry reply names the node apart).
     fn attr(&self, st: &Stat) -> Result<FileAttr, Errno> {
         Ok(FileAttr {
-            ino: self.to_fuse(st.id)?,
+            ino: self.st_ino(st.id)?,
             size: st.size,
             blocks: st.nbytes.div_ceil(self.sectorsize) * (self.sectorsize / 512),
             atime: system_time(&st.atime),
@@ -570,8 +594,13 @@ impl FuseFs {
     }
 
     /// [`FuseFs::entry`] for a reply that may not take it (readdirplus).
+    /// Its `attr.ino` is the node id the entry names.
     fn entry_uncounted(&self, st: &Stat) -> Result<(FileAttr, Generation), Errno> {
-        Ok((self.attr(st)?, Generation(st.generation)))
+        let attr = FileAttr {
+            ino: self.to_fuse(st.id)?,
+            ..self.attr(st)?
+        };
+        Ok((attr, Generation(st.generation)))
     }
 
     /// The kernel counted `n` lookups of `id`; it holds them until it
@@ -1175,7 +1204,7 @@ impl FuseFs {
                 self.dir_end(fs, fh, dir, offset),
                 256,
                 |(cookie, name, id, kind)| {
-                    let fino = self.to_fuse(id)?;
+                    let fino = self.st_ino(id)?;
                     Ok(reply.add(fino, cookie, file_type(kind), OsStr::from_bytes(&name)))
                 },
             )
@@ -1228,9 +1257,15 @@ impl FuseFs {
                             Generation(0),
                         ));
                     };
-                    let (attr, generation) = self.entry_uncounted(&st)?;
+                    let (mut attr, generation) = self.entry_uncounted(&st)?;
+                    let node = attr.ino;
+                    if id == self.root {
+                        // `.` or `..`, whose entry the kernel passes over:
+                        // only the number listed counts.
+                        attr.ino = self.st_ino(id)?;
+                    }
                     let full = reply.add(
-                        attr.ino,
+                        node,
                         cookie,
                         OsStr::from_bytes(&name),
                         &ttl,
@@ -2148,7 +2183,7 @@ impl FuseFs {
                 if self.device() != Some(source.dev) {
                     return Err(Errno::EXDEV);
                 }
-                let src = self.inode_of(INodeNo(source.ino));
+                let src = self.inode_of_st_ino(source.ino);
                 if let Some(who) = &caller {
                     // The kernel's order: the source's owner, then the name.
                     let owner = self.served.read(|fs| fs.stat(src).map_err(errno))?.uid;
@@ -2238,7 +2273,8 @@ impl FuseFs {
         let Some(dev) = self.device() else {
             return Ok(Vec::new());
         };
-        let views = caller_access::descriptors_of(req.pid(), dev, ino.0);
+        let st_ino = self.st_ino(self.inode_of(ino))?;
+        let views = caller_access::descriptors_of(req.pid(), dev, st_ino.0);
         if views.iter().any(caller_access::read_only_mount) {
             return Err(Errno::EROFS);
         }

@@ -111,6 +111,9 @@ const STEPS: &[Step] = &[
     ),
     root(false, "touch -d @1000000000 g"),
     root(false, "touch -m -d @1000000000 g"),
+    // utimensat(now, omit) and (omit, now): times given, though "now".
+    root(false, "touch -a g"),
+    root(false, "touch -m g"),
     // utimensat(now, an explicit modification time): refused too.
     root(
         false,

@@ -962,3 +962,57 @@ PYEOF"#;
     );
     check_image(&c.ubtrfs_img);
 }
+
+/// The mount's root shows inode 256 to `stat` and in its own listing
+/// (`.`), as a kernel mount's does, of the top-level subvolume and with
+/// `subvol=`: the same steps print the same on kernel btrfs.
+#[test]
+fn the_mount_root_is_inode_256_as_on_the_kernel() {
+    use common::steps::{Step, Who, against_kernel, run_step};
+    // stat's number, then the number `.` is listed with (getdents64).
+    const SHOW: &str = r#"stat -c %i . && python3 - <<'PYEOF'
+import ctypes, os, struct
+fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+buf = ctypes.create_string_buffer(1 << 16)
+n = ctypes.CDLL(None, use_errno=True).syscall(217, fd, buf, len(buf))
+assert n > 0, ctypes.get_errno()
+at = 0
+while at < n:
+    ino, _, reclen = struct.unpack_from("<QqH", buf.raw, at)
+    name = buf.raw[at + 19:at + reclen].split(b"\0")[0]
+    if name == b".":
+        print(". listed as", ino)
+    at += reclen
+PYEOF"#;
+    require_privileged!();
+    let t = TestDir::new("mount-root-ino").unwrap();
+    let script = format!("set -e\n{SHOW}\n$BTRFS subvolume create s >/dev/null\ntouch s/f");
+    let steps = [Step {
+        who: Who::Root,
+        ok: true,
+        script: Box::leak(script.into_boxed_str()),
+        err: "",
+    }];
+    let c = against_kernel(&t, &steps, "", &[]);
+    assert!(
+        c.printed[0].contains("256\n. listed as 256"),
+        "{}",
+        c.printed[0]
+    );
+
+    // Mounted with subvol=s, its root shows 256 on both.
+    // A snapshot of that root, through a descriptor of it, is of `s`.
+    let script = format!("set -e\n{SHOW}\n$BTRFS subvolume snapshot . snap >/dev/null\nls snap");
+    let kernel = Mount::single(&c.kernel_img, &t.join("kernel-s"), "subvol=s").unwrap();
+    let (ok, expected, err) = run_step(kernel.path(), Who::Root, &script, "btrfs");
+    assert!(ok, "{err}");
+    kernel.unmount().unwrap();
+    let m = start_mount(&c.ubtrfs_img, &t.join("fuse-s"), &["-o", "subvol=s"]);
+    let (ok, printed, err) = run_step(m.path(), Who::Root, &script, common::ubtrfs_bin());
+    assert!(ok, "{err}");
+    assert!(m.path().join("f").exists());
+    m.unmount().unwrap();
+    assert_eq!(printed, expected);
+    assert_eq!(printed, "256\n. listed as 256\nf\n");
+    check_image(&c.ubtrfs_img);
+}

@@ -220,7 +220,10 @@ impl FuseFs {
             (Some(TimeOrNow::SpecificTime(t)), Some(ct)) => t == ct,
             _ => false,
         };
+        // An access time of now alone is utimensat(now, omit) (`touch -a`):
+        // "now" with no modification time is never the kernel's own.
         let explicit_times = given(c.atime)
+            || (c.atime.is_some() && c.mtime.is_none())
             || (given(c.mtime)
                 && if c.atime.is_none() {
                     !c.open_file

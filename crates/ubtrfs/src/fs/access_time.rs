@@ -37,8 +37,12 @@ impl AtimeUpdate {
     /// access time under this rule (never with the no-atime flag): what
     /// [`Filesystem::access_moves_atime`] says, from attributes at hand.
     pub fn moves(self, st: &Stat) -> bool {
-        st.flags & INODE_NOATIME == 0
-            && atime_moves(self, st.atime, st.mtime, st.ctime, Timespec::now())
+        self.moves_times(st.flags, st.atime, st.mtime, st.ctime)
+    }
+
+    /// [`Self::moves`] from an inode's flags and times.
+    fn moves_times(self, flags: u64, atime: Timespec, mtime: Timespec, ctime: Timespec) -> bool {
+        flags & INODE_NOATIME == 0 && atime_moves(self, atime, mtime, ctime, Timespec::now())
     }
 }
 
@@ -149,8 +153,7 @@ impl Filesystem {
             return Ok(false);
         }
         let item = self.inode_item(id)?;
-        Ok(item.flags & INODE_NOATIME == 0
-            && atime_moves(rule, item.atime, item.mtime, item.ctime, Timespec::now()))
+        Ok(rule.moves_times(item.flags, item.atime, item.mtime, item.ctime))
     }
 
     /// Write the access times noted since the last commit into their

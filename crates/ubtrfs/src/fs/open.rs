@@ -92,6 +92,10 @@ pub struct Filesystem {
     pub(crate) change_gate: std::sync::Mutex<()>,
     /// Access times noted and not yet written (see `fs::access_time`).
     pub(crate) pending_atimes: super::PendingAtimes,
+    /// Whether a subvolume was deleted while in use since the open: until
+    /// then no directory can be in a dead subvolume, and lookups skip the
+    /// root-tree search that tells (see `Filesystem::check_live_dir`).
+    pub(crate) subvol_died_in_use: std::sync::atomic::AtomicBool,
 }
 
 impl Filesystem {
@@ -205,6 +209,7 @@ impl Filesystem {
             aborted: std::sync::OnceLock::new(),
             change_gate: std::sync::Mutex::new(()),
             pending_atimes: Default::default(),
+            subvol_died_in_use: Default::default(),
         };
         fs.default_subvol = fs.find_default_subvol()?;
         Ok(fs)

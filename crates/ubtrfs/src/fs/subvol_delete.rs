@@ -24,6 +24,7 @@ use crate::format::consts::*;
 use crate::format::items::{RootRef, Timespec};
 use crate::transaction::{Writer, is_subvol_tree};
 use crate::{Error, Result};
+use std::sync::atomic::Ordering;
 
 impl Filesystem {
     /// Delete the subvolume or snapshot linked as `name` in directory
@@ -96,6 +97,7 @@ impl Filesystem {
                     let in_use = open.subvol_in_use(id);
                     if in_use {
                         open.deleted_in_use.insert(id);
+                        self.subvol_died_in_use.store(true, Ordering::Release);
                     }
                     in_use
                 };
@@ -189,18 +191,22 @@ impl Filesystem {
         self.open_inodes().deleted_in_use.contains(&subvol)
     }
 
-    /// Refuse to put anything into, or snapshot, a subvolume deleted
-    /// while in use (ENOENT, as the kernel answers).
     /// Fails if `dir` is the root directory of a deleted subvolume: as in
     /// the kernel, which marks it dead, a descriptor of it opened before
     /// the deletion finds no names in it and adds none.
     pub(crate) fn check_live_dir(&self, dir: InodeId) -> Result<()> {
-        if dir.ino != FIRST_INODE || dir.subvol == FS_TREE_OBJECTID || dir.is_placeholder() {
+        if dir.ino != FIRST_INODE
+            || dir.subvol == FS_TREE_OBJECTID
+            || dir.is_placeholder()
+            || !self.subvol_died_in_use.load(Ordering::Acquire)
+        {
             return Ok(());
         }
         self.check_not_deleted(dir.subvol)
     }
 
+    /// Refuse to put anything into, or snapshot, a subvolume deleted
+    /// while in use (ENOENT, as the kernel answers).
     pub(crate) fn check_not_deleted(&self, subvol: u64) -> Result<()> {
         if self.find_root(subvol)?.is_some_and(|(_, r)| r.refs == 0) {
             return Err(Error::NotFound(format!("subvolume {subvol} was deleted")));

@@ -40,6 +40,9 @@ enum Command {
     Umount(cmd::umount::Args),
     /// Write back and commit a ubtrfs FUSE mount (`btrfs filesystem sync`).
     Sync(cmd::sync::Args),
+    /// Check every copy of the metadata and checksummed data of an
+    /// unmounted filesystem, and mend bad copies from good ones.
+    Scrub(cmd::scrub::Args),
     /// Make a new filesystem on one or more devices or image files.
     Mkfs(Box<cmd::mkfs::Args>),
     /// Look at on-disk structures.
@@ -63,6 +66,7 @@ fn main() -> ExitCode {
         Command::Mount(args) => cmd::mount::run(args),
         Command::Umount(args) => cmd::umount::run(args),
         Command::Sync(args) => cmd::sync::run(args),
+        Command::Scrub(args) => cmd::scrub::run(args),
         Command::Mkfs(args) => cmd::mkfs::run(*args),
         Command::Inspect(command) => cmd::inspect::run(command),
         Command::Subvolume(command) => cmd::subvolume::run(command),

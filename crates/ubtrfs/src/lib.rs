@@ -21,6 +21,7 @@ pub mod error;
 pub mod format;
 pub mod fs;
 pub mod mkfs;
+pub mod scrub;
 pub mod transaction;
 pub mod tree;
 pub mod tree_log;

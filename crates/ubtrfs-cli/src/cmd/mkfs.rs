@@ -191,7 +191,7 @@ fn make(devices: &[PathBuf], opts: &MkfsOptions, created: &mut Vec<PathBuf>) -> 
         if prepare_device(dev, opts.byte_count)? {
             created.push(dev.clone());
         }
-        if let Some(how) = mounted(dev) {
+        if let Some(how) = super::mounted(dev) {
             bail!("{} is mounted ({how})", dev.display());
         }
     }
@@ -241,60 +241,6 @@ fn prepare_device(dev: &Path, size: Option<u64>) -> Result<bool> {
         }
         Err(e) => Err(e).with_context(|| format!("cannot open {}", dev.display())),
     }
-}
-
-/// How `dev` is in use by a mounted filesystem, if it is: mounted itself,
-/// or (an image file) behind a loop device that is part of a mounted btrfs
-/// or mounted otherwise.
-fn mounted(dev: &Path) -> Option<String> {
-    let canon = std::fs::canonicalize(dev).ok()?;
-    let meta = std::fs::metadata(&canon).ok()?;
-    // The block devices that stand for `dev`: itself, or loop devices backed by it.
-    let mut names: Vec<String> = Vec::new();
-    if meta.file_type().is_block_device() {
-        names.push(canon.file_name()?.to_string_lossy().into_owned());
-    } else if let Ok(dir) = std::fs::read_dir("/sys/block") {
-        for e in dir.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let backing = std::fs::read_to_string(e.path().join("loop/backing_file"));
-            if let Ok(b) = backing
-                && Path::new(b.trim()) == canon
-            {
-                names.push(name);
-            }
-        }
-    }
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    for line in info.lines() {
-        let mut parts = line.split(" - ");
-        let (Some(head), Some(tail)) = (parts.next(), parts.next()) else {
-            continue;
-        };
-        let source = tail.split(' ').nth(1).unwrap_or("");
-        let target = head.split(' ').nth(4).unwrap_or("?");
-        let src = std::fs::canonicalize(source).unwrap_or_else(|_| PathBuf::from(source));
-        if src == canon || names.iter().any(|n| src == Path::new("/dev").join(n)) {
-            return Some(format!("on {target}"));
-        }
-    }
-    // A member of a mounted multi-device btrfs appears under /sys/fs/btrfs.
-    if let Ok(fss) = std::fs::read_dir("/sys/fs/btrfs") {
-        for fs in fss.flatten() {
-            let Ok(devs) = std::fs::read_dir(fs.path().join("devices")) else {
-                continue;
-            };
-            for d in devs.flatten() {
-                let n = d.file_name().to_string_lossy().into_owned();
-                if names.contains(&n) {
-                    return Some(format!(
-                        "as /dev/{n}, part of the mounted btrfs {}",
-                        fs.file_name().to_string_lossy()
-                    ));
-                }
-            }
-        }
-    }
-    None
 }
 
 fn page_size() -> u64 {

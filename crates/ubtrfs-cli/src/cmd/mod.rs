@@ -9,6 +9,7 @@ pub mod mkfs;
 pub mod mount;
 pub mod property;
 pub mod restore;
+pub mod scrub;
 pub mod subvolume;
 pub mod sync;
 pub mod umount;
@@ -16,13 +17,81 @@ pub mod umount;
 use anyhow::{Context, Result, bail};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::{Path, PathBuf};
 use ubtrfs::fs::{Filesystem, InodeId};
+
+/// Refuse to write to `devices` while a kernel mount uses one of them
+/// (itself, or an image file behind a loop device): two writers would
+/// destroy the filesystem. Another ubtrfs process is refused by the
+/// library's lock.
+pub fn refuse_mounted(devices: &[PathBuf]) -> Result<()> {
+    for dev in devices {
+        if let Some(how) = mounted(dev) {
+            bail!("{} is mounted ({how}); unmount it first", dev.display());
+        }
+    }
+    Ok(())
+}
+
+/// How `dev` is in use by a mounted filesystem, if it is: mounted itself,
+/// or (an image file) behind a loop device that is part of a mounted btrfs
+/// or mounted otherwise.
+pub fn mounted(dev: &Path) -> Option<String> {
+    let canon = std::fs::canonicalize(dev).ok()?;
+    let meta = std::fs::metadata(&canon).ok()?;
+    // The block devices that stand for `dev`: itself, or loop devices backed by it.
+    let mut names: Vec<String> = Vec::new();
+    if meta.file_type().is_block_device() {
+        names.push(canon.file_name()?.to_string_lossy().into_owned());
+    } else if let Ok(dir) = std::fs::read_dir("/sys/block") {
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let backing = std::fs::read_to_string(e.path().join("loop/backing_file"));
+            if let Ok(b) = backing
+                && Path::new(b.trim()) == canon
+            {
+                names.push(name);
+            }
+        }
+    }
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for line in info.lines() {
+        let mut parts = line.split(" - ");
+        let (Some(head), Some(tail)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let source = tail.split(' ').nth(1).unwrap_or("");
+        let target = head.split(' ').nth(4).unwrap_or("?");
+        let src = std::fs::canonicalize(source).unwrap_or_else(|_| PathBuf::from(source));
+        if src == canon || names.iter().any(|n| src == Path::new("/dev").join(n)) {
+            return Some(format!("on {target}"));
+        }
+    }
+    // A member of a mounted multi-device btrfs appears under /sys/fs/btrfs.
+    if let Ok(fss) = std::fs::read_dir("/sys/fs/btrfs") {
+        for fs in fss.flatten() {
+            let Ok(devs) = std::fs::read_dir(fs.path().join("devices")) else {
+                continue;
+            };
+            for d in devs.flatten() {
+                let n = d.file_name().to_string_lossy().into_owned();
+                if names.contains(&n) {
+                    return Some(format!(
+                        "as /dev/{n}, part of the mounted btrfs {}",
+                        fs.file_name().to_string_lossy()
+                    ));
+                }
+            }
+        }
+    }
+    None
+}
 
 /// Open the filesystem made of `devices` for writing and print the
 /// library's warnings on stderr.
 pub fn open_fs_rw(devices: &[PathBuf]) -> Result<Filesystem> {
+    refuse_mounted(devices)?;
     let fs = Filesystem::open_read_write(devices).with_context(|| {
         format!(
             "cannot open a btrfs filesystem on {} for writing",

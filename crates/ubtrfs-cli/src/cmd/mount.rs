@@ -496,6 +496,7 @@ fn open_fs(devices: &[PathBuf], read_only: bool, nologreplay: bool) -> Result<Fi
     if read_only {
         return super::open_fs(devices);
     }
+    super::refuse_mounted(devices)?;
     let fs = Filesystem::open_read_write(devices).with_context(|| {
         format!(
             "cannot open a btrfs filesystem on {} for writing (--ro mounts it read-only)",

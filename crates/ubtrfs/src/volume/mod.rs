@@ -121,6 +121,33 @@ impl Volume {
         Ok(())
     }
 
+    /// Write `buf` at `logical` to copy `mirror` alone (a scrub mending
+    /// one bad copy). Mirrored profiles only: in RAID5/6 a write must keep
+    /// the row's parity ([`Volume::write`]). The range must not cross a
+    /// chunk boundary.
+    pub fn write_copy(&self, logical: u64, mirror: usize, buf: &[u8]) -> Result<()> {
+        let chunk = self.chunks.lookup(logical)?;
+        if matches!(chunk.profile, Profile::Raid5 | Profile::Raid6) {
+            return Err(Error::Invalid(format!(
+                "one copy of logical {logical} written alone in RAID5/6"
+            )));
+        }
+        let mut done = 0usize;
+        while done < buf.len() {
+            let pos = logical + done as u64;
+            let piece = chunk.map(pos, buf.len() - done, mirror)?;
+            let dev = self.devices.get(piece.devid).ok_or_else(|| {
+                Error::Devices(format!(
+                    "device {} holding copy {mirror} of logical {pos} is missing; cannot write",
+                    piece.devid
+                ))
+            })?;
+            dev.write_at(piece.physical, &buf[done..done + piece.len])?;
+            done += piece.len;
+        }
+        Ok(())
+    }
+
     /// [`Device::write_behind`] for every copy of `len` bytes at `logical`
     /// (within one chunk).
     pub fn write_behind(&self, logical: u64, len: usize, wait: bool) -> Result<()> {

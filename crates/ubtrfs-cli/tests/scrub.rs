@@ -1,0 +1,281 @@
+//! `ubtrfs scrub` on images the kernel wrote, with copies damaged on
+//! purpose: `-r` finds exactly the damaged copies and changes nothing; a
+//! scrub mends each from a good copy, after which `btrfs check` is clean,
+//! the kernel's own scrub finds no error and the kernel reads the same
+//! bytes. A sector with no good copy is named and fails the command; a
+//! filesystem a kernel mount uses is refused.
+
+mod common;
+
+use common::ubtrfs;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use testkit::{Mount, TestDir, require_privileged};
+use ubtrfs::format::consts::EXTENT_DATA_KEY;
+use ubtrfs::format::items::{ExtentBody, FileExtentItem};
+use ubtrfs::format::{Key, consts::FS_TREE_OBJECTID};
+use ubtrfs::fs::Filesystem;
+
+const FILE_LEN: usize = 1 << 20;
+
+fn show(out: &Output) -> String {
+    format!(
+        "status {}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn contents() -> Vec<u8> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    (0..FILE_LEN)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Where copy `mirror` of `len` bytes at `logical` lies: device path and offset.
+fn place(fs: &Filesystem, devices: &[PathBuf], logical: u64, mirror: usize) -> (PathBuf, u64) {
+    let volume = fs.tree_reader().volume();
+    let piece = volume
+        .chunks
+        .lookup(logical)
+        .unwrap()
+        .map(logical, 1, mirror)
+        .unwrap();
+    let path = volume
+        .devices
+        .get(piece.devid)
+        .unwrap()
+        .path()
+        .to_path_buf();
+    assert!(
+        devices.contains(&path),
+        "{} not among {devices:?}",
+        path.display()
+    );
+    (path, piece.physical)
+}
+
+/// Flip a byte 100 bytes into copy `mirror` of `logical`.
+fn damage(fs: &Filesystem, devices: &[PathBuf], logical: u64, mirror: usize) {
+    let (path, at) = place(fs, devices, logical, mirror);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, at + 100).unwrap();
+    f.write_all_at(&[b[0] ^ 0xff], at + 100).unwrap();
+}
+
+/// The logical address of the file's data, and two leaves of the
+/// filesystem tree.
+fn targets(devices: &[PathBuf]) -> (u64, u64, u64) {
+    let fs = Filesystem::open(devices).unwrap();
+    let id = fs.lookup(fs.root(), b"f").unwrap().id;
+    let data = fs
+        .tree_by_id(id.subvol)
+        .unwrap()
+        .items_of(id.ino, EXTENT_DATA_KEY)
+        .unwrap()
+        .find_map(
+            |it| match FileExtentItem::parse(it.unwrap().data()).unwrap().body {
+                ExtentBody::Regular {
+                    disk_bytenr,
+                    offset: 0,
+                    ..
+                } => Some(disk_bytenr),
+                _ => None,
+            },
+        )
+        .expect("the file's extent");
+    let leaves = fs
+        .tree_by_id(FS_TREE_OBJECTID)
+        .unwrap()
+        .leaves(Key::new(0, 0, 0), Key::new(u64::MAX, u8::MAX, u64::MAX))
+        .unwrap();
+    assert!(leaves.len() >= 2, "the tree has {} leaves", leaves.len());
+    (
+        data,
+        leaves[0].header.bytenr,
+        leaves[leaves.len() - 1].header.bytenr,
+    )
+}
+
+fn scrub(args: &[&str], devices: &[PathBuf]) -> Output {
+    let mut all: Vec<String> = vec!["scrub".into(), "--quiet".into()];
+    all.extend(args.iter().map(|s| s.to_string()));
+    all.extend(devices.iter().map(|d| d.display().to_string()));
+    ubtrfs(&all)
+}
+
+fn digest(devices: &[PathBuf]) -> Vec<Vec<u8>> {
+    devices.iter().map(|d| std::fs::read(d).unwrap()).collect()
+}
+
+fn kernel_scrub_is_clean(devices: &[PathBuf], mnt: &Path) {
+    let m = Mount::new(devices, mnt, "").unwrap();
+    assert!(
+        std::fs::read(m.path().join("f")).unwrap() == contents(),
+        "the kernel reads other bytes after the scrub"
+    );
+    let out = Command::new("btrfs")
+        .args(["scrub", "start", "-B"])
+        .arg(m.path())
+        .output()
+        .unwrap();
+    let said = show(&out);
+    assert!(
+        out.status.success() && said.contains("no errors found"),
+        "the kernel's scrub after ubtrfs scrub:\n{said}"
+    );
+    m.unmount().unwrap();
+}
+
+fn make(t: &TestDir, profile: &str, ndev: usize) -> Vec<PathBuf> {
+    let devices: Vec<PathBuf> = (0..ndev)
+        .map(|i| common::new_image(t, &format!("{profile}-{i}.img"), 300 << 20))
+        .collect();
+    let mut mkfs = Command::new("mkfs.btrfs");
+    mkfs.args(["-q", "-f", "-d", profile, "-m", profile])
+        .args(&devices);
+    let out = mkfs.output().unwrap();
+    assert!(out.status.success(), "mkfs: {}", show(&out));
+    let m = Mount::new(&devices, &t.join("kernel"), "").unwrap();
+    std::fs::write(m.path().join("f"), contents()).unwrap();
+    // Enough small files for the filesystem tree to have several leaves.
+    for i in 0..400 {
+        std::fs::write(m.path().join(format!("small-{i}")), format!("{i}\n")).unwrap();
+    }
+    m.unmount().unwrap();
+    devices
+}
+
+fn scrub_mends(profile: &str, ndev: usize, mirrored: bool) {
+    require_privileged!();
+    let t = TestDir::new(&format!("scrub-{profile}")).unwrap();
+    let devices = make(&t, profile, ndev);
+    let clean = scrub(&["-r"], &devices);
+    assert!(
+        clean.status.success() && show(&clean).contains("no errors found"),
+        "{}",
+        show(&clean)
+    );
+
+    // Two leaves and two data sectors, each with one copy damaged.
+    let (data, leaf_a, leaf_b) = targets(&devices);
+    {
+        let fs = Filesystem::open(&devices).unwrap();
+        let second = if mirrored { 1 } else { 0 };
+        damage(&fs, &devices, leaf_a, 0);
+        damage(&fs, &devices, leaf_b, second);
+        damage(&fs, &devices, data + 3 * 4096, second);
+        damage(&fs, &devices, data + 200 * 4096, 0);
+    }
+    let before = digest(&devices);
+    let found = scrub(&["-r"], &devices);
+    let said = show(&found);
+    assert!(!found.status.success(), "{said}");
+    assert!(
+        said.contains("errors: tree block 2, data checksum 2, read 0, superblock 0")
+            && said.contains("corrected: 0, uncorrectable: 0")
+            && said.contains("nothing was mended"),
+        "{said}"
+    );
+    assert!(digest(&devices) == before, "scrub -r changed the devices");
+
+    let mended = scrub(&[], &devices);
+    let said = show(&mended);
+    assert!(mended.status.success(), "{said}");
+    assert!(said.contains("corrected: 4, uncorrectable: 0"), "{said}");
+    let again = scrub(&["-r"], &devices);
+    assert!(
+        again.status.success() && show(&again).contains("no errors found"),
+        "{}",
+        show(&again)
+    );
+    let image = testkit::corpus::Image {
+        devices: devices.clone(),
+        source: None,
+        mkfs: testkit::MkfsOptions::default(),
+        mount_options: String::new(),
+        builder: testkit::corpus::Builder::Kernel,
+    };
+    testkit::corpus::btrfs_check(&image).unwrap_or_else(|e| panic!("{e:#}"));
+    kernel_scrub_is_clean(&devices, &t.join("kernel"));
+
+    // No good copy left of one sector: named, and the command fails; the
+    // sector is left as it is.
+    if mirrored {
+        let fs = Filesystem::open(&devices).unwrap();
+        for mirror in 0..fs.tree_reader().volume().num_copies(data).unwrap() {
+            damage(&fs, &devices, data + 9 * 4096, mirror);
+        }
+        drop(fs);
+        let lost = scrub(&[], &devices);
+        let said = show(&lost);
+        assert!(!lost.status.success(), "{said}");
+        assert!(
+            said.contains(&format!("uncorrectable: data sector {}", data + 9 * 4096))
+                && said.contains("corrected: 0, uncorrectable: 1")
+                && said.contains("errors remain"),
+            "{said}"
+        );
+    }
+}
+
+#[test]
+fn scrub_mends_raid1_copies() {
+    scrub_mends("raid1", 2, true);
+}
+
+#[test]
+fn scrub_mends_dup_copies() {
+    scrub_mends("dup", 1, true);
+}
+
+#[test]
+fn scrub_mends_raid5_from_parity() {
+    scrub_mends("raid5", 3, false);
+}
+
+/// A filesystem a kernel mount uses (through a loop device on its image)
+/// is neither scrubbed for repair nor mounted read-write by ubtrfs.
+#[test]
+fn a_filesystem_the_kernel_mounted_is_refused() {
+    require_privileged!();
+    let t = TestDir::new("scrub-kernel-mounted").unwrap();
+    let devices = make(&t, "single", 1);
+    let m = Mount::new(&devices, &t.join("kernel"), "").unwrap();
+    let out = scrub(&[], &devices);
+    assert!(
+        !out.status.success() && show(&out).contains("is mounted"),
+        "{}",
+        show(&out)
+    );
+    let mnt = t.join("fuse");
+    std::fs::create_dir_all(&mnt).unwrap();
+    // Under a timeout: a mount that was let in would serve until killed.
+    let out = Command::new("timeout")
+        .arg("30")
+        .arg(common::ubtrfs_bin())
+        .arg("mount")
+        .arg(&devices[0])
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success() && show(&out).contains("is mounted"),
+        "{}",
+        show(&out)
+    );
+    m.unmount().unwrap();
+}

@@ -1,0 +1,407 @@
+//! Scrub: read every copy of every tree block and of every checksummed
+//! data sector, verify each, and (when asked) write a good copy over the
+//! bad ones, as `btrfs scrub` does on a mounted filesystem.
+//!
+//! Tree blocks are found through the extent tree (every allocated block
+//! has an item there), data through the checksum tree (only checksummed
+//! data can be told good or bad). Each copy is read from its own device,
+//! bypassing the node cache, so a bad mirror is found even when the good
+//! one was read before. In RAID5/6 the data is checked as it reads, and a
+//! sector that is bad there is rebuilt from parity and written back (data
+//! and parity); parity itself is not checked. Superblock copies are
+//! checked and left to the next commit, which rewrites them all.
+
+use crate::Result;
+use crate::format::Key;
+use crate::format::consts::*;
+use crate::format::node::{Expect, Node};
+use crate::format::superblock::Superblock;
+use crate::fs::Filesystem;
+use crate::volume::{Profile, Volume};
+
+/// Data sectors read per copy at once.
+const DATA_BATCH: usize = 64;
+
+/// Uncorrectable places remembered by name in a report.
+const NAMED_MAX: usize = 100;
+
+/// What a scrub found, and what it mended.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScrubReport {
+    /// Tree blocks checked.
+    pub tree_blocks: u64,
+    /// Bytes of tree blocks checked (one copy counted).
+    pub tree_bytes: u64,
+    /// Bytes of checksummed data checked (one copy counted).
+    pub data_bytes: u64,
+    /// Copies of tree blocks that failed verification (checksum, address,
+    /// fsid, level, generation).
+    pub tree_errors: u64,
+    /// Copies of data sectors whose checksum did not match.
+    pub csum_errors: u64,
+    /// Copies that could not be read at all.
+    pub read_errors: u64,
+    /// Copies on devices that are missing (not checked).
+    pub missing_copies: u64,
+    /// Superblock copies that failed verification.
+    pub super_errors: u64,
+    /// Bad copies written over with a good one.
+    pub corrected: u64,
+    /// Blocks and sectors with no good copy at all.
+    pub uncorrectable: u64,
+    /// Where the first of those are: a line each.
+    pub uncorrectable_at: Vec<String>,
+}
+
+impl ScrubReport {
+    /// Whether every copy checked was good.
+    pub fn clean(&self) -> bool {
+        self.tree_errors + self.csum_errors + self.read_errors + self.super_errors == 0
+    }
+
+    fn lost(&mut self, what: String) {
+        self.uncorrectable += 1;
+        if self.uncorrectable_at.len() < NAMED_MAX {
+            self.uncorrectable_at.push(what);
+        }
+    }
+}
+
+/// How far a scrub is: bytes checked, out of the bytes in use.
+pub type ScrubProgress<'a> = &'a mut dyn FnMut(u64, u64);
+
+/// What reading one copy gave.
+enum CopyRead {
+    Good(Vec<u8>),
+    Bad,
+    Missing,
+}
+
+impl Filesystem {
+    /// Check every copy of every tree block, checksummed data sector and
+    /// superblock (see the module documentation). With `repair`, a bad
+    /// copy that has a good one beside it is written over with it; that
+    /// needs the filesystem opened read-write, and holds off every change
+    /// until the scrub ends (the running transaction is committed first,
+    /// so everything checked is on disk). Errors in the data found are
+    /// counted in the report; the call itself fails only when the trees
+    /// that say where everything is cannot be read.
+    pub fn scrub(&self, repair: bool, progress: ScrubProgress<'_>) -> Result<ScrubReport> {
+        let _writer = if repair {
+            self.commit()?;
+            Some(self.lock_writer()?)
+        } else {
+            None
+        };
+        let mut report = ScrubReport::default();
+        self.scrub_supers(&mut report);
+        let total = self.superblock().bytes_used.max(1);
+        let mut done = 0u64;
+        self.scrub_tree_blocks(repair, &mut report, &mut |n| {
+            done += n;
+            progress(done.min(total), total);
+        })?;
+        self.scrub_data(repair, &mut report, &mut |n| {
+            done += n;
+            progress(done.min(total), total);
+        })?;
+        if repair && report.corrected > 0 {
+            for (_, dev) in self.tree_reader().volume().devices.iter() {
+                dev.flush()?;
+            }
+        }
+        progress(total, total);
+        Ok(report)
+    }
+
+    /// Every superblock copy of every present device.
+    fn scrub_supers(&self, report: &mut ScrubReport) {
+        for (_, dev) in self.tree_reader().volume().devices.iter() {
+            for &at in SUPER_OFFSETS.iter() {
+                if at + SUPER_SIZE as u64 > dev.size() {
+                    break;
+                }
+                let mut buf = vec![0u8; SUPER_SIZE];
+                let good = dev
+                    .read_at(at, &mut buf)
+                    .and_then(|()| Superblock::parse(&buf, at))
+                    .is_ok_and(|sb| sb.fsid == self.superblock().fsid);
+                if !good {
+                    report.super_errors += 1;
+                }
+            }
+        }
+    }
+
+    /// Every tree block the extent tree lists.
+    fn scrub_tree_blocks(
+        &self,
+        repair: bool,
+        report: &mut ScrubReport,
+        advance: &mut dyn FnMut(u64),
+    ) -> Result<()> {
+        let extents = self.tree_by_id(EXTENT_TREE_OBJECTID)?;
+        let nodesize = self.geometry().nodesize as usize;
+        let items = extents.range(Key::new(0, 0, 0), Key::new(u64::MAX, u8::MAX, u64::MAX))?;
+        for item in items {
+            let item = item?;
+            let key = item.key();
+            let level = match key.item_type {
+                METADATA_ITEM_KEY => key.offset,
+                EXTENT_ITEM_KEY => {
+                    let data = item.data();
+                    let flags = u64_at(data, 16).unwrap_or(0);
+                    if flags & EXTENT_FLAG_TREE_BLOCK == 0 {
+                        continue;
+                    }
+                    // The tree block info after the item: a key, then the level.
+                    data.get(24 + 17).copied().map_or(u64::MAX, u64::from)
+                }
+                _ => continue,
+            };
+            let bytenr = key.objectid;
+            // Blocks of the running transaction (a log replayed in memory)
+            // are not on disk.
+            if self.tree_reader().is_dirty(bytenr) {
+                continue;
+            }
+            let expect = Expect {
+                bytenr,
+                generation: None,
+                level: u8::try_from(level).ok(),
+                first_key: None,
+            };
+            self.scrub_tree_block(&expect, nodesize, repair, report)?;
+            report.tree_blocks += 1;
+            report.tree_bytes += nodesize as u64;
+            advance(nodesize as u64);
+        }
+        Ok(())
+    }
+
+    fn scrub_tree_block(
+        &self,
+        expect: &Expect,
+        nodesize: usize,
+        repair: bool,
+        report: &mut ScrubReport,
+    ) -> Result<()> {
+        let volume = self.tree_reader().volume();
+        let reader = self.tree_reader();
+        let newest = self.committed.load(std::sync::atomic::Ordering::Acquire);
+        let parity = is_parity(volume, expect.bytenr)?;
+        let mut reads = Vec::new();
+        for mirror in 0..volume.num_copies(expect.bytenr)? {
+            // In RAID5/6 the rebuilds from parity are read only to mend a
+            // block that reads bad.
+            if parity && matches!(reads.first(), Some(CopyRead::Good(_))) {
+                break;
+            }
+            if !volume.copy_present(expect.bytenr, mirror) {
+                reads.push(CopyRead::Missing);
+                continue;
+            }
+            let mut buf = vec![0u8; nodesize];
+            if volume.read_copy(expect.bytenr, mirror, &mut buf).is_err() {
+                report.read_errors += 1;
+                reads.push(CopyRead::Bad);
+                continue;
+            }
+            let kept = buf.clone();
+            match Node::parse(
+                buf.into_boxed_slice(),
+                reader.csum_type(),
+                &reader.fsid(),
+                expect,
+                newest,
+            ) {
+                Ok(_) => reads.push(CopyRead::Good(kept)),
+                Err(_) => {
+                    report.tree_errors += 1;
+                    reads.push(CopyRead::Bad);
+                }
+            }
+        }
+        self.mend(
+            expect.bytenr,
+            &reads,
+            repair,
+            report,
+            format!("tree block {}", expect.bytenr),
+        )
+    }
+
+    /// Every data sector the checksum tree has a checksum for.
+    fn scrub_data(
+        &self,
+        repair: bool,
+        report: &mut ScrubReport,
+        advance: &mut dyn FnMut(u64),
+    ) -> Result<()> {
+        let Some(root) = self.root_ptr(CSUM_TREE_OBJECTID)? else {
+            return Ok(());
+        };
+        let csums = self.tree_reader().tree(root);
+        let geo = self.geometry();
+        let sector = geo.sectorsize as u64;
+        let items = csums.items_of(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY)?;
+        for item in items {
+            let item = item?;
+            let start = item.key().offset;
+            let sums = item.data();
+            let count = sums.len() / geo.csum_size;
+            let mut i = 0usize;
+            while i < count {
+                let logical = start + i as u64 * sector;
+                let chunk_end = self.tree_reader().volume().chunks.lookup(logical)?.end();
+                let fit = ((chunk_end - logical) / sector).max(1) as usize;
+                let n = DATA_BATCH.min(count - i).min(fit);
+                let expected = &sums[i * geo.csum_size..(i + n) * geo.csum_size];
+                self.scrub_sectors(logical, n, expected, repair, report)?;
+                report.data_bytes += n as u64 * sector;
+                advance(n as u64 * sector);
+                i += n;
+            }
+        }
+        Ok(())
+    }
+
+    /// `n` data sectors from `logical` (one chunk), against `expected`.
+    fn scrub_sectors(
+        &self,
+        logical: u64,
+        n: usize,
+        expected: &[u8],
+        repair: bool,
+        report: &mut ScrubReport,
+    ) -> Result<()> {
+        let volume = self.tree_reader().volume();
+        let csum_type = self.tree_reader().csum_type();
+        let csum_size = self.geometry().csum_size;
+        let sector = self.geometry().sectorsize as usize;
+        let want = |s: usize| &expected[s * csum_size..(s + 1) * csum_size];
+        let parity = is_parity(volume, logical)?;
+        // Per copy: its bytes, and which sectors could not be read.
+        let mut copies: Vec<Option<(Vec<u8>, Vec<bool>)>> = Vec::new();
+        for mirror in 0..volume.num_copies(logical)? {
+            // In RAID5/6 the rebuilds from parity are read only to mend
+            // data that reads bad.
+            if parity
+                && mirror > 0
+                && copies[0].as_ref().is_some_and(|(b, unread)| {
+                    (0..n).all(|s| {
+                        !unread[s] && csum_type.verify(&b[s * sector..(s + 1) * sector], want(s))
+                    })
+                })
+            {
+                break;
+            }
+            if !volume.copy_present(logical, mirror) {
+                copies.push(None);
+                continue;
+            }
+            let mut buf = vec![0u8; n * sector];
+            let mut unread = vec![false; n];
+            if volume.read_copy(logical, mirror, &mut buf).is_err() {
+                // Again sector by sector, to find which ones fail.
+                for (s, part) in buf.chunks_mut(sector).enumerate() {
+                    let at = logical + (s * sector) as u64;
+                    unread[s] = volume.read_copy(at, mirror, part).is_err();
+                }
+            }
+            copies.push(Some((buf, unread)));
+        }
+        for s in 0..n {
+            let good_as_read = |c: &Option<(Vec<u8>, Vec<bool>)>| {
+                c.as_ref().is_some_and(|(b, unread)| {
+                    !unread[s] && csum_type.verify(&b[s * sector..(s + 1) * sector], want(s))
+                })
+            };
+            // In RAID5/6 a rebuild of a good sector is not checked: it
+            // leans on its row's other sectors, checked on their own.
+            let considered = if parity && good_as_read(&copies[0]) {
+                &copies[..1]
+            } else {
+                &copies[..]
+            };
+            let reads: Vec<CopyRead> = considered
+                .iter()
+                .map(|c| match c {
+                    None => CopyRead::Missing,
+                    Some((_, unread)) if unread[s] => {
+                        report.read_errors += 1;
+                        CopyRead::Bad
+                    }
+                    Some((b, _)) => {
+                        let part = &b[s * sector..(s + 1) * sector];
+                        if csum_type.verify(part, want(s)) {
+                            CopyRead::Good(part.to_vec())
+                        } else {
+                            report.csum_errors += 1;
+                            CopyRead::Bad
+                        }
+                    }
+                })
+                .collect();
+            let at = logical + (s * sector) as u64;
+            self.mend(at, &reads, repair, report, format!("data sector {at}"))?;
+        }
+        Ok(())
+    }
+
+    /// Count what the copies of `logical` were, and with `repair` write a
+    /// good one over the bad ones.
+    fn mend(
+        &self,
+        logical: u64,
+        reads: &[CopyRead],
+        repair: bool,
+        report: &mut ScrubReport,
+        what: String,
+    ) -> Result<()> {
+        report.missing_copies += reads
+            .iter()
+            .filter(|r| matches!(r, CopyRead::Missing))
+            .count() as u64;
+        let bad: Vec<usize> = (0..reads.len())
+            .filter(|&m| matches!(reads[m], CopyRead::Bad))
+            .collect();
+        if bad.is_empty() {
+            return Ok(());
+        }
+        let Some(good) = reads.iter().find_map(|r| match r {
+            CopyRead::Good(b) => Some(b),
+            _ => None,
+        }) else {
+            report.lost(what);
+            return Ok(());
+        };
+        if !repair {
+            return Ok(());
+        }
+        let volume = self.tree_reader().volume();
+        let parity = is_parity(volume, logical)?;
+        if parity {
+            // The data as read was bad and parity rebuilt it: write it
+            // back, with the row's parity.
+            volume.write(logical, good)?;
+            report.corrected += 1;
+            return Ok(());
+        }
+        for mirror in bad {
+            volume.write_copy(logical, mirror, good)?;
+            report.corrected += 1;
+        }
+        Ok(())
+    }
+}
+
+fn is_parity(volume: &Volume, logical: u64) -> Result<bool> {
+    let chunk = volume.chunks.lookup(logical)?;
+    Ok(matches!(chunk.profile, Profile::Raid5 | Profile::Raid6))
+}
+
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    b.get(at..at + 8)
+        .map(|s| u64::from_le_bytes(s.try_into().unwrap_or([0; 8])))
+}

@@ -2050,6 +2050,28 @@ impl FuseFs {
                 let mapped = XFLAG_MAP.iter().fold(0, |a, (_, b)| a | b);
                 self.change_flags(ino, id, flags, mapped, reply);
             }
+            control::UBTRFS_IOC_SCRUB => {
+                if !caller_access::Credentials::is_admin(req.uid(), req.pid()) {
+                    return reply.error(Errno::EPERM);
+                }
+                let Some((repair, mut cursor)) = control::decode_scrub_request(in_data) else {
+                    return reply.error(Errno::EINVAL);
+                };
+                if repair && !self.served.writable() {
+                    return reply.error(Errno::EROFS);
+                }
+                // A step may wait for the transaction: never on a thread
+                // that serves requests.
+                self.on_own_thread(reply, move |me| {
+                    let mut report = ubtrfs::scrub::ScrubReport::default();
+                    let in_use = me.served.read(|fs| {
+                        fs.scrub_step(&mut cursor, repair, SCRUB_STEP_BYTES, &mut report)
+                            .map_err(errno)?;
+                        Ok::<_, Errno>(fs.superblock().bytes_used)
+                    })?;
+                    Ok(control::encode_scrub_reply(&cursor, in_use, &report))
+                });
+            }
             control::UBTRFS_IOC_SUBVOL_LIST => {
                 if !caller_access::Credentials::is_admin(req.uid(), req.pid()) {
                     return reply.error(Errno::EPERM);
@@ -2394,6 +2416,9 @@ impl FuseFs {
 
 /// Requests served on threads of their own at once, at most.
 const OWN_THREADS: usize = 16;
+
+/// Bytes one scrub step of a mount checks: changes wait for a step.
+const SCRUB_STEP_BYTES: u64 = 4 << 20;
 
 /// How long a snapshot waits for the writes of the kernel's cached pages
 /// to reach the mount (other requests may keep the queue busy).

@@ -279,3 +279,75 @@ fn a_filesystem_the_kernel_mounted_is_refused() {
     );
     m.unmount().unwrap();
 }
+
+/// A ubtrfs mount is scrubbed a step at a time, through its mount point,
+/// while files are written to it: the damaged copies are found, then
+/// mended; the new files and the mended image pass `btrfs check` and the
+/// kernel's scrub.
+#[test]
+fn a_mount_is_scrubbed_between_its_other_work() {
+    require_privileged!();
+    let t = TestDir::new("scrub-mounted").unwrap();
+    let devices = make(&t, "raid1", 2);
+    let (data, leaf_a, _) = targets(&devices);
+    {
+        let fs = Filesystem::open(&devices).unwrap();
+        damage(&fs, &devices, leaf_a, 1);
+        damage(&fs, &devices, data + 17 * 4096, 0);
+    }
+    let mnt = t.join("fuse");
+    let m = testkit::fuse_mount::UbtrfsMount::start(
+        Path::new(common::ubtrfs_bin()),
+        &devices,
+        &mnt,
+        &[],
+    )
+    .unwrap();
+    let on_mount = |args: &[&str]| {
+        let mut all = vec!["scrub", "--quiet"];
+        all.extend(args);
+        let p = m.path().to_str().unwrap().to_string();
+        let mut v: Vec<String> = all.iter().map(|s| s.to_string()).collect();
+        v.push(p);
+        ubtrfs(&v)
+    };
+    let found = on_mount(&["-r"]);
+    let said = show(&found);
+    assert!(
+        !found.status.success()
+            && said.contains("errors: tree block 1, data checksum 1, read 0, superblock 0"),
+        "{said}"
+    );
+    // Files written while the scrub mends.
+    let writer = {
+        let dir = m.path().to_path_buf();
+        std::thread::spawn(move || {
+            for i in 0..300 {
+                std::fs::write(dir.join(format!("during-{i}")), vec![i as u8; 5000]).unwrap();
+            }
+        })
+    };
+    let mended = on_mount(&[]);
+    writer.join().unwrap();
+    let said = show(&mended);
+    assert!(
+        mended.status.success() && said.contains("corrected: 2, uncorrectable: 0"),
+        "{said}"
+    );
+    let again = on_mount(&["-r"]);
+    assert!(
+        again.status.success() && show(&again).contains("no errors found"),
+        "{}",
+        show(&again)
+    );
+    m.unmount().unwrap();
+    let image = testkit::corpus::Image {
+        devices: devices.clone(),
+        source: None,
+        mkfs: testkit::MkfsOptions::default(),
+        mount_options: String::new(),
+        builder: testkit::corpus::Builder::Kernel,
+    };
+    testkit::corpus::btrfs_check(&image).unwrap_or_else(|e| panic!("{e:#}"));
+    kernel_scrub_is_clean(&devices, &t.join("kernel"));
+}

@@ -59,6 +59,25 @@ impl ScrubReport {
         self.tree_errors + self.csum_errors + self.read_errors + self.super_errors == 0
     }
 
+    /// Add the counts of `other` (a later step) to these.
+    pub fn add(&mut self, other: &ScrubReport) {
+        self.tree_blocks += other.tree_blocks;
+        self.tree_bytes += other.tree_bytes;
+        self.data_bytes += other.data_bytes;
+        self.tree_errors += other.tree_errors;
+        self.csum_errors += other.csum_errors;
+        self.read_errors += other.read_errors;
+        self.missing_copies += other.missing_copies;
+        self.super_errors += other.super_errors;
+        self.corrected += other.corrected;
+        self.uncorrectable += other.uncorrectable;
+        for at in &other.uncorrectable_at {
+            if self.uncorrectable_at.len() < NAMED_MAX {
+                self.uncorrectable_at.push(at.clone());
+            }
+        }
+    }
+
     fn lost(&mut self, what: String) {
         self.uncorrectable += 1;
         if self.uncorrectable_at.len() < NAMED_MAX {
@@ -69,6 +88,59 @@ impl ScrubReport {
 
 /// How far a scrub is: bytes checked, out of the bytes in use.
 pub type ScrubProgress<'a> = &'a mut dyn FnMut(u64, u64);
+
+/// Bytes a step of [`Filesystem::scrub`] checks.
+const STEP_BYTES: u64 = 16 << 20;
+
+/// The parts of a scrub, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScrubPhase {
+    /// The superblock copies.
+    Supers,
+    /// Tree blocks, in the extent tree's order.
+    TreeBlocks,
+    /// Checksummed data, in the checksum tree's order.
+    Data,
+    /// Nothing left.
+    Done,
+}
+
+/// Where a scrub goes on from (see [`Filesystem::scrub_step`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScrubCursor {
+    /// The part under way.
+    pub phase: ScrubPhase,
+    /// The first key of its tree not checked yet.
+    pub next: Key,
+}
+
+impl ScrubCursor {
+    /// A scrub not started.
+    pub fn start() -> Self {
+        ScrubCursor {
+            phase: ScrubPhase::Supers,
+            next: Key::new(0, 0, 0),
+        }
+    }
+
+    /// Whether the scrub is over.
+    pub fn done(&self) -> bool {
+        self.phase == ScrubPhase::Done
+    }
+}
+
+/// The smallest key after `k` (the last key stays).
+fn key_after(k: Key) -> Key {
+    if k.offset < u64::MAX {
+        Key::new(k.objectid, k.item_type, k.offset + 1)
+    } else if k.item_type < u8::MAX {
+        Key::new(k.objectid, k.item_type + 1, 0)
+    } else if k.objectid < u64::MAX {
+        Key::new(k.objectid + 1, 0, 0)
+    } else {
+        k
+    }
+}
 
 /// What reading one copy gave.
 enum CopyRead {
@@ -81,37 +153,67 @@ impl Filesystem {
     /// Check every copy of every tree block, checksummed data sector and
     /// superblock (see the module documentation). With `repair`, a bad
     /// copy that has a good one beside it is written over with it; that
-    /// needs the filesystem opened read-write, and holds off every change
-    /// until the scrub ends (the running transaction is committed first,
-    /// so everything checked is on disk). Errors in the data found are
-    /// counted in the report; the call itself fails only when the trees
-    /// that say where everything is cannot be read.
+    /// needs the filesystem opened read-write (the running transaction is
+    /// committed first, so everything checked is on disk). Errors in the
+    /// data found are counted in the report; the call itself fails only
+    /// when the trees that say where everything is cannot be read.
+    /// `progress` hears of the bytes checked, out of the bytes in use.
     pub fn scrub(&self, repair: bool, progress: ScrubProgress<'_>) -> Result<ScrubReport> {
-        let _writer = if repair {
+        if repair {
             self.commit()?;
-            Some(self.lock_writer()?)
-        } else {
-            None
-        };
+        }
         let mut report = ScrubReport::default();
-        self.scrub_supers(&mut report);
+        let mut cursor = ScrubCursor::start();
         let total = self.superblock().bytes_used.max(1);
-        let mut done = 0u64;
-        self.scrub_tree_blocks(repair, &mut report, &mut |n| {
-            done += n;
-            progress(done.min(total), total);
-        })?;
-        self.scrub_data(repair, &mut report, &mut |n| {
-            done += n;
-            progress(done.min(total), total);
-        })?;
-        if repair && report.corrected > 0 {
+        while !cursor.done() {
+            self.scrub_step(&mut cursor, repair, STEP_BYTES, &mut report)?;
+            progress((report.tree_bytes + report.data_bytes).min(total), total);
+        }
+        progress(total, total);
+        Ok(report)
+    }
+
+    /// One step of a scrub: from `cursor` on, about `budget` bytes (at
+    /// least one block or checksum item), adding to `report` and moving
+    /// `cursor`. Changes wait meanwhile (a step holds the transaction), so
+    /// nothing it checks is freed or rewritten under it; blocks of the
+    /// running transaction, not on disk yet, are passed over. A mounted
+    /// filesystem is scrubbed step by step between its other work.
+    pub fn scrub_step(
+        &self,
+        cursor: &mut ScrubCursor,
+        repair: bool,
+        budget: u64,
+        report: &mut ScrubReport,
+    ) -> Result<()> {
+        let _held = match &self.writer {
+            Some(_) => Some(self.lock_writer()?),
+            None if repair => {
+                return Err(crate::Error::ReadOnly(
+                    "a scrub that mends needs the filesystem opened read-write".into(),
+                ));
+            }
+            None => None,
+        };
+        let before = report.corrected;
+        match cursor.phase {
+            ScrubPhase::Supers => {
+                self.scrub_supers(report);
+                *cursor = ScrubCursor {
+                    phase: ScrubPhase::TreeBlocks,
+                    next: Key::new(0, 0, 0),
+                };
+            }
+            ScrubPhase::TreeBlocks => self.scrub_tree_blocks(cursor, repair, budget, report)?,
+            ScrubPhase::Data => self.scrub_data(cursor, repair, budget, report)?,
+            ScrubPhase::Done => {}
+        }
+        if report.corrected > before {
             for (_, dev) in self.tree_reader().volume().devices.iter() {
                 dev.flush()?;
             }
         }
-        progress(total, total);
-        Ok(report)
+        Ok(())
     }
 
     /// Every superblock copy of every present device.
@@ -133,19 +235,24 @@ impl Filesystem {
         }
     }
 
-    /// Every tree block the extent tree lists.
+    /// The tree blocks the extent tree lists from `cursor` on.
     fn scrub_tree_blocks(
         &self,
+        cursor: &mut ScrubCursor,
         repair: bool,
+        budget: u64,
         report: &mut ScrubReport,
-        advance: &mut dyn FnMut(u64),
     ) -> Result<()> {
         let extents = self.tree_by_id(EXTENT_TREE_OBJECTID)?;
         let nodesize = self.geometry().nodesize as usize;
-        let items = extents.range(Key::new(0, 0, 0), Key::new(u64::MAX, u8::MAX, u64::MAX))?;
-        for item in items {
+        let mut spent = 0u64;
+        for item in extents.range(cursor.next, Key::new(u64::MAX, u8::MAX, u64::MAX))? {
+            if spent >= budget {
+                return Ok(());
+            }
             let item = item?;
             let key = item.key();
+            cursor.next = key_after(key);
             let level = match key.item_type {
                 METADATA_ITEM_KEY => key.offset,
                 EXTENT_ITEM_KEY => {
@@ -160,8 +267,7 @@ impl Filesystem {
                 _ => continue,
             };
             let bytenr = key.objectid;
-            // Blocks of the running transaction (a log replayed in memory)
-            // are not on disk.
+            // Blocks of the running transaction are not on disk yet.
             if self.tree_reader().is_dirty(bytenr) {
                 continue;
             }
@@ -174,8 +280,12 @@ impl Filesystem {
             self.scrub_tree_block(&expect, nodesize, repair, report)?;
             report.tree_blocks += 1;
             report.tree_bytes += nodesize as u64;
-            advance(nodesize as u64);
+            spent += nodesize as u64;
         }
+        *cursor = ScrubCursor {
+            phase: ScrubPhase::Data,
+            next: Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, 0),
+        };
         Ok(())
     }
 
@@ -231,22 +341,34 @@ impl Filesystem {
         )
     }
 
-    /// Every data sector the checksum tree has a checksum for.
+    /// The data sectors the checksum tree has checksums for, from
+    /// `cursor` on (whole checksum items).
     fn scrub_data(
         &self,
+        cursor: &mut ScrubCursor,
         repair: bool,
+        budget: u64,
         report: &mut ScrubReport,
-        advance: &mut dyn FnMut(u64),
     ) -> Result<()> {
+        let finished = ScrubCursor {
+            phase: ScrubPhase::Done,
+            next: Key::new(u64::MAX, u8::MAX, u64::MAX),
+        };
         let Some(root) = self.root_ptr(CSUM_TREE_OBJECTID)? else {
+            *cursor = finished;
             return Ok(());
         };
         let csums = self.tree_reader().tree(root);
         let geo = self.geometry();
         let sector = geo.sectorsize as u64;
-        let items = csums.items_of(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY)?;
-        for item in items {
+        let last = Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, u64::MAX);
+        let mut spent = 0u64;
+        for item in csums.range(cursor.next, last)? {
+            if spent >= budget {
+                return Ok(());
+            }
             let item = item?;
+            cursor.next = key_after(item.key());
             let start = item.key().offset;
             let sums = item.data();
             let count = sums.len() / geo.csum_size;
@@ -259,10 +381,11 @@ impl Filesystem {
                 let expected = &sums[i * geo.csum_size..(i + n) * geo.csum_size];
                 self.scrub_sectors(logical, n, expected, repair, report)?;
                 report.data_bytes += n as u64 * sector;
-                advance(n as u64 * sector);
+                spent += n as u64 * sector;
                 i += n;
             }
         }
+        *cursor = finished;
         Ok(())
     }
 

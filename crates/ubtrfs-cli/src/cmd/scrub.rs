@@ -2,12 +2,14 @@
 //! checksummed data, and mend bad copies from good ones, as
 //! `btrfs scrub start -B` does for a mounted kernel btrfs.
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
+use std::os::fd::AsRawFd;
+use std::path::Path;
 use std::path::PathBuf;
 use ubtrfs::mkfs::human;
-use ubtrfs::scrub::ScrubReport;
+use ubtrfs::scrub::{ScrubCursor, ScrubReport};
 
 /// Arguments of `scrub`.
 #[derive(clap::Args, Debug)]
@@ -18,8 +20,10 @@ and of every superblock, and verifies each. A bad copy is written over \
 with a good one (unless -r); in RAID5/6, data that reads bad is rebuilt \
 from parity and written back with its parity (parity itself is not \
 checked). Superblock copies are only checked: the next commit rewrites \
-them all. Works on unmounted devices or images; a filesystem in use by a \
-mount is refused. Exits non-zero when errors remain: any found with -r, \
+them all. Give the devices or images of an unmounted filesystem, or the \
+mount point of a ubtrfs mount (root only): the mount is scrubbed a step \
+at a time between its other work. A filesystem a kernel mount uses is \
+refused. Exits non-zero when errors remain: any found with -r, \
 and any copy that had no good one beside it.")]
 pub struct Args {
     /// Only check and report: write nothing.
@@ -28,26 +32,14 @@ pub struct Args {
     /// Print no progress on stderr.
     #[arg(short, long)]
     quiet: bool,
-    /// The filesystem's devices or image files (all of them).
+    /// The filesystem's devices or image files (all of them), or the
+    /// mount point of a ubtrfs mount.
     #[arg(value_name = "DEVICE", required = true)]
     devices: Vec<PathBuf>,
 }
 
 /// Run `scrub`.
 pub fn run(args: Args) -> Result<()> {
-    for d in &args.devices {
-        if d.is_dir() {
-            bail!(
-                "{}: a directory; scrub takes the devices or image files of an unmounted filesystem",
-                d.display()
-            );
-        }
-    }
-    let fs = if args.readonly {
-        super::open_fs(&args.devices)?
-    } else {
-        super::open_fs_rw(&args.devices)?
-    };
     let bar = if !args.quiet && std::io::stderr().is_terminal() {
         let p = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
         p.set_style(
@@ -60,13 +52,33 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         ProgressBar::hidden()
     };
-    let report = fs.scrub(!args.readonly, &mut |done, total| {
+    let mut progress = |done: u64, total: u64| {
         bar.set_length(total);
         bar.set_position(done);
-    });
+    };
+    let report = match &args.devices[..] {
+        [dir] if dir.is_dir() => scrub_mount(dir, !args.readonly, &mut progress),
+        devices => {
+            if let Some(d) = devices.iter().find(|d| d.is_dir()) {
+                bail!("{}: a directory among devices", d.display());
+            }
+            let fs = if args.readonly {
+                super::open_fs(devices)?
+            } else {
+                super::open_fs_rw(devices)?
+            };
+            fs.scrub(!args.readonly, &mut progress)
+                .map_err(anyhow::Error::new)
+        }
+    };
     bar.finish_and_clear();
-    let report = report
-        .map_err(|e| anyhow::anyhow!("scrub of {} stopped: {e}", super::list(&args.devices)))?;
+    let report = report.map_err(|e| {
+        anyhow::anyhow!(
+            "scrub of {} stopped: {}",
+            super::list(&args.devices),
+            crate::util::error_chain(&e)
+        )
+    })?;
     print!("{}", summary(&report, &super::list(&args.devices)));
     let remaining = if args.readonly {
         !report.clean()
@@ -85,6 +97,63 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Scrub the filesystem mounted at `dir` (a ubtrfs mount), a step per
+/// request (`UBTRFS_IOC_SCRUB`), so the mount's other work goes on between.
+fn scrub_mount(
+    dir: &Path,
+    repair: bool,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<ScrubReport> {
+    use crate::fuse::control;
+    match super::umount::server_info(dir) {
+        Ok(info) if repair && !info.rw => {
+            bail!(
+                "{}: the mount is read-only; -r checks without mending",
+                dir.display()
+            )
+        }
+        Ok(_) => {}
+        Err(e) => bail!("{}: not in a ubtrfs mount ({e})", dir.display()),
+    }
+    let f = std::fs::File::open(dir).with_context(|| dir.display().to_string())?;
+    let mut cursor = ScrubCursor::start();
+    let mut report = ScrubReport::default();
+    while !cursor.done() {
+        let mut buf = control::encode_scrub_request(repair, &cursor);
+        // SAFETY: the ioctl reads and writes at most the size its number
+        // encodes, which is the buffer's.
+        let rc = unsafe {
+            libc::ioctl(
+                f.as_raw_fd(),
+                control::UBTRFS_IOC_SCRUB as _,
+                buf.as_mut_ptr(),
+            )
+        };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EPERM) => bail!("{}: only root scrubs a mount", dir.display()),
+                Some(libc::ENOTTY) => {
+                    bail!("{}: the mount is too old to scrub", dir.display())
+                }
+                _ => return Err(e).with_context(|| format!("scrubbing {}", dir.display())),
+            }
+        }
+        let (next, in_use, step) = control::decode_scrub_reply(&buf)
+            .with_context(|| format!("{}: the mount's reply is cut short", dir.display()))?;
+        if next == cursor && step == ScrubReport::default() {
+            bail!("{}: the mount's scrub does not go on", dir.display());
+        }
+        cursor = next;
+        report.add(&step);
+        progress(
+            (report.tree_bytes + report.data_bytes).min(in_use),
+            in_use.max(1),
+        );
+    }
+    Ok(report)
 }
 
 /// What `scrub` prints: what was checked, and what was found and done.

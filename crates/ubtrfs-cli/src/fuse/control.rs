@@ -5,6 +5,8 @@
 //! to the mount (how big its writes are, whether `ls -l` costs lookups).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use ubtrfs::format::Key;
+use ubtrfs::scrub::{ScrubCursor, ScrubPhase, ScrubReport};
 
 /// `_IOR('u', 0xe0, [u64; INFO_WORDS])`: fills [`INFO_WORDS`] little-endian
 /// `u64`s, indexed by the `INFO_*` constants. The kernel passes it to the
@@ -36,6 +38,158 @@ pub struct ListedSubvol {
     pub readonly: bool,
     /// From the top level, without a leading '/'.
     pub path: Vec<u8>,
+}
+
+/// `_IOWR('u', 0xe2, [u8; SCRUB_SIZE])`: one step of a scrub
+/// ([`ubtrfs::fs::Filesystem::scrub_step`]). In: flags (bit 0: mend bad
+/// copies), then the cursor's phase (0 superblocks, 1 tree blocks, 2 data,
+/// 3 done) and key's objectid, type and offset, as `u64`s. Out: the
+/// cursor moved on, in the same form; the bytes in use; the step's counts
+/// in the order of [`ubtrfs::scrub::ScrubReport`]'s fields; then a `u32`
+/// count of the places with no good copy and each as a `u32` length and
+/// its text, as many as fit. Root only, as the kernel's scrub is.
+pub const UBTRFS_IOC_SCRUB: u32 =
+    (3 << 30) | ((SCRUB_SIZE as u32) << 16) | ((b'u' as u32) << 8) | 0xe2;
+/// Size of the scrub ioctl's buffer.
+pub const SCRUB_SIZE: usize = 4096;
+
+fn phase_number(p: ScrubPhase) -> u64 {
+    match p {
+        ScrubPhase::Supers => 0,
+        ScrubPhase::TreeBlocks => 1,
+        ScrubPhase::Data => 2,
+        ScrubPhase::Done => 3,
+    }
+}
+
+fn phase_of(n: u64) -> Option<ScrubPhase> {
+    Some(match n {
+        0 => ScrubPhase::Supers,
+        1 => ScrubPhase::TreeBlocks,
+        2 => ScrubPhase::Data,
+        3 => ScrubPhase::Done,
+        _ => return None,
+    })
+}
+
+fn words(buf: &[u8]) -> impl Fn(usize) -> Option<u64> + '_ {
+    move |i: usize| {
+        Some(u64::from_le_bytes(
+            buf.get(i * 8..i * 8 + 8)?.try_into().ok()?,
+        ))
+    }
+}
+
+fn cursor_words(c: &ScrubCursor) -> [u64; 4] {
+    [
+        phase_number(c.phase),
+        c.next.objectid,
+        u64::from(c.next.item_type),
+        c.next.offset,
+    ]
+}
+
+fn cursor_at(word: &dyn Fn(usize) -> Option<u64>, at: usize) -> Option<ScrubCursor> {
+    Some(ScrubCursor {
+        phase: phase_of(word(at)?)?,
+        next: Key::new(
+            word(at + 1)?,
+            u8::try_from(word(at + 2)?).ok()?,
+            word(at + 3)?,
+        ),
+    })
+}
+
+/// The request of one scrub step: whether to mend, and where to go on.
+pub fn encode_scrub_request(repair: bool, cursor: &ScrubCursor) -> Vec<u8> {
+    let mut out = vec![0u8; SCRUB_SIZE];
+    for (i, w) in std::iter::once(u64::from(repair))
+        .chain(cursor_words(cursor))
+        .enumerate()
+    {
+        out[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
+    }
+    out
+}
+
+/// Unpack [`encode_scrub_request`]; `None` if it makes no sense.
+pub fn decode_scrub_request(buf: &[u8]) -> Option<(bool, ScrubCursor)> {
+    let word = words(buf);
+    let repair = match word(0)? {
+        0 => false,
+        1 => true,
+        _ => return None,
+    };
+    Some((repair, cursor_at(&word, 1)?))
+}
+
+/// The reply of one scrub step.
+pub fn encode_scrub_reply(cursor: &ScrubCursor, in_use: u64, r: &ScrubReport) -> Vec<u8> {
+    let mut out = Vec::with_capacity(SCRUB_SIZE);
+    let counts = [
+        r.tree_blocks,
+        r.tree_bytes,
+        r.data_bytes,
+        r.tree_errors,
+        r.csum_errors,
+        r.read_errors,
+        r.missing_copies,
+        r.super_errors,
+        r.corrected,
+        r.uncorrectable,
+    ];
+    for w in cursor_words(cursor)
+        .into_iter()
+        .chain([in_use])
+        .chain(counts)
+    {
+        out.extend_from_slice(&w.to_le_bytes());
+    }
+    let count_at = out.len();
+    out.extend_from_slice(&0u32.to_le_bytes());
+    let mut n = 0u32;
+    for at in &r.uncorrectable_at {
+        if out.len() + 4 + at.len() > SCRUB_SIZE {
+            break;
+        }
+        out.extend_from_slice(&(at.len() as u32).to_le_bytes());
+        out.extend_from_slice(at.as_bytes());
+        n += 1;
+    }
+    out[count_at..count_at + 4].copy_from_slice(&n.to_le_bytes());
+    out
+}
+
+/// Unpack [`encode_scrub_reply`]: the cursor, the bytes in use and the
+/// step's report; `None` if it is cut short.
+pub fn decode_scrub_reply(buf: &[u8]) -> Option<(ScrubCursor, u64, ScrubReport)> {
+    let word = words(buf);
+    let cursor = cursor_at(&word, 0)?;
+    let c = |i: usize| word(5 + i);
+    let mut r = ScrubReport {
+        tree_blocks: c(0)?,
+        tree_bytes: c(1)?,
+        data_bytes: c(2)?,
+        tree_errors: c(3)?,
+        csum_errors: c(4)?,
+        read_errors: c(5)?,
+        missing_copies: c(6)?,
+        super_errors: c(7)?,
+        corrected: c(8)?,
+        uncorrectable: c(9)?,
+        uncorrectable_at: Vec::new(),
+    };
+    let mut at = 15 * 8;
+    let n = u32::from_le_bytes(buf.get(at..at + 4)?.try_into().ok()?);
+    at += 4;
+    for _ in 0..n {
+        let len = u32::from_le_bytes(buf.get(at..at + 4)?.try_into().ok()?) as usize;
+        at += 4;
+        r.uncorrectable_at
+            .push(String::from_utf8_lossy(buf.get(at..at + len)?).into_owned());
+        at += len;
+    }
+    Some((cursor, word(4)?, r))
 }
 
 /// Pack `subvols` (in id order, all above the asked id) into a reply.
@@ -193,6 +347,46 @@ fn word_of(c: Counter) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scrub_steps_round_trip_through_their_buffers() {
+        assert_eq!(UBTRFS_IOC_SCRUB, 0xd000_75e2);
+        let cursor = ScrubCursor {
+            phase: ScrubPhase::Data,
+            next: Key::new(u64::MAX - 9, 128, 1 << 40),
+        };
+        let req = encode_scrub_request(true, &cursor);
+        assert_eq!(req.len(), SCRUB_SIZE);
+        assert_eq!(decode_scrub_request(&req), Some((true, cursor)));
+        let mut bad = req.clone();
+        bad[8] = 9; // no such phase
+        assert_eq!(decode_scrub_request(&bad), None);
+        let report = ScrubReport {
+            tree_blocks: 1,
+            tree_bytes: 2,
+            data_bytes: 3,
+            tree_errors: 4,
+            csum_errors: 5,
+            read_errors: 6,
+            missing_copies: 7,
+            super_errors: 8,
+            corrected: 9,
+            uncorrectable: 500,
+            uncorrectable_at: (0..500).map(|i| format!("data sector {i}")).collect(),
+        };
+        let reply = encode_scrub_reply(&cursor, 77, &report);
+        assert!(reply.len() <= SCRUB_SIZE);
+        let (c, in_use, r) = decode_scrub_reply(&reply).unwrap();
+        assert_eq!((c, in_use), (cursor, 77));
+        // As many places as fit, the counts whole.
+        assert_eq!(r.uncorrectable, 500);
+        assert!(r.uncorrectable_at.len() > 100 && r.uncorrectable_at.len() < 500);
+        assert_eq!(
+            r.uncorrectable_at[..],
+            report.uncorrectable_at[..r.uncorrectable_at.len()]
+        );
+        assert_eq!(decode_scrub_reply(&reply[..100]), None);
+    }
 
     #[test]
     fn subvolume_lists_round_trip_a_page_at_a_time() {

@@ -594,13 +594,11 @@ impl FuseFs {
     }
 
     /// [`FuseFs::entry`] for a reply that may not take it (readdirplus).
-    /// Its `attr.ino` is the node id the entry names.
+    /// Its `attr.ino` is the node id the entry names but for the root,
+    /// whose node id (1) is not its `st_ino`: a reply that may name the
+    /// root (a lookup of `..`) gives the node apart.
     fn entry_uncounted(&self, st: &Stat) -> Result<(FileAttr, Generation), Errno> {
-        let attr = FileAttr {
-            ino: self.to_fuse(st.id)?,
-            ..self.attr(st)?
-        };
-        Ok((attr, Generation(st.generation)))
+        Ok((self.attr(st)?, Generation(st.generation)))
     }
 
     /// The kernel counted `n` lookups of `id`; it holds them until it
@@ -954,10 +952,13 @@ impl FuseFs {
         self.stats.count(Counter::Lookup);
         let result = self.served.read(|fs| {
             let id = self.child(fs, self.inode_of(parent), name.as_bytes())?;
-            self.entry(&fs.stat(id).map_err(errno)?)
+            let (attr, generation) = self.entry(&fs.stat(id).map_err(errno)?)?;
+            Ok((self.to_fuse(id)?, attr, generation))
         });
         match result {
-            Ok((attr, generation)) => reply.entry(&self.ttl(), &attr, generation),
+            // `..` of a directory below the root, reconnecting a file
+            // handle, names the root.
+            Ok((node, attr, generation)) => reply.entry_of(node, &self.ttl(), &attr, generation),
             // A negative entry (inode 0) the kernel may cache: a name only
             // appears through the kernel, which then drops it.
             Err(Errno::ENOENT) => reply.entry(&self.ttl(), &negative_entry(), Generation(0)),
@@ -1257,13 +1258,8 @@ impl FuseFs {
                             Generation(0),
                         ));
                     };
-                    let (mut attr, generation) = self.entry_uncounted(&st)?;
-                    let node = attr.ino;
-                    if id == self.root {
-                        // `.` or `..`, whose entry the kernel passes over:
-                        // only the number listed counts.
-                        attr.ino = self.st_ino(id)?;
-                    }
+                    let (attr, generation) = self.entry_uncounted(&st)?;
+                    let node = self.to_fuse(id)?;
                     let full = reply.add(
                         node,
                         cookie,
@@ -2050,6 +2046,12 @@ impl FuseFs {
                 let mapped = XFLAG_MAP.iter().fold(0, |a, (_, b)| a | b);
                 self.change_flags(ino, id, flags, mapped, reply);
             }
+            control::UBTRFS_IOC_SPACE_INFO => {
+                match self.served.read(|fs| fs.space_info().map_err(errno)) {
+                    Ok(spaces) => reply.ioctl(0, &control::encode_space(&spaces)),
+                    Err(e) => reply.error(e),
+                }
+            }
             control::UBTRFS_IOC_SCRUB => {
                 if !caller_access::Credentials::is_admin(req.uid(), req.pid()) {
                     return reply.error(Errno::EPERM);
@@ -2296,7 +2298,7 @@ impl FuseFs {
             return Ok(Vec::new());
         };
         let st_ino = self.st_ino(self.inode_of(ino))?;
-        let views = caller_access::descriptors_of(req.pid(), dev, st_ino.0);
+        let views = caller_access::descriptors_of(req.pid(), dev, &[ino.0, st_ino.0]);
         if views.iter().any(caller_access::read_only_mount) {
             return Err(Errno::EROFS);
         }

@@ -51,6 +51,9 @@ enum Command {
     /// Create subvolumes and snapshots.
     #[command(subcommand)]
     Subvolume(cmd::subvolume::Command),
+    /// Space by block group type and profile (`filesystem df`).
+    #[command(subcommand)]
+    Filesystem(cmd::filesystem::Command),
     /// Show or set a subvolume's read-only flag (`btrfs property ro`).
     #[command(subcommand)]
     Property(cmd::property::Command),
@@ -71,6 +74,7 @@ fn main() -> ExitCode {
         Command::Inspect(command) => cmd::inspect::run(command),
         Command::Subvolume(command) => cmd::subvolume::run(command),
         Command::Property(command) => cmd::property::run(command),
+        Command::Filesystem(command) => cmd::filesystem::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -986,7 +986,27 @@ while at < n:
 PYEOF"#;
     require_privileged!();
     let t = TestDir::new("mount-root-ino").unwrap();
-    let script = format!("set -e\n{SHOW}\n$BTRFS subvolume create s >/dev/null\ntouch s/f");
+    // A directory's handle opened with the kernel's caches dropped: the
+    // kernel looks up its `..`, which names the root; stat still says 256.
+    // (A subvolume made in the root first: the mount has the kernel drop
+    // the root's attributes then, and the kernel takes the next it is
+    // given.)
+    const BY_HANDLE: &str = r#"mkdir -p d && $BTRFS subvolume create sv >/dev/null && python3 - <<'PYEOF'
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+class Handle(ctypes.Structure):
+    _fields_ = [("bytes", ctypes.c_uint), ("type", ctypes.c_int), ("data", ctypes.c_ubyte * 128)]
+h, mount_id = Handle(), ctypes.c_int()
+h.bytes = 128
+assert libc.name_to_handle_at(-100, b"d", ctypes.byref(h), ctypes.byref(mount_id), 0) == 0
+root = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+open("/proc/sys/vm/drop_caches", "w").write("2")
+fd = libc.open_by_handle_at(root, ctypes.byref(h), os.O_RDONLY)
+assert fd >= 0, os.strerror(ctypes.get_errno())
+PYEOF
+stat -c 'after a handle: %i' ."#;
+    let script =
+        format!("set -e\n{SHOW}\n{BY_HANDLE}\n$BTRFS subvolume create s >/dev/null\ntouch s/f");
     let steps = [Step {
         who: Who::Root,
         ok: true,

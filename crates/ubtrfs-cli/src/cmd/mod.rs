@@ -3,6 +3,7 @@
 
 pub mod cat;
 pub mod dump_tree;
+pub mod filesystem;
 pub mod inspect;
 pub mod ls;
 pub mod mkfs;

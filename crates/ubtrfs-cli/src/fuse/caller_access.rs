@@ -147,10 +147,12 @@ pub fn pin(pid: u32, fd: i64) -> Result<Pinned, Errno> {
     })
 }
 
-/// The descriptors of process `pid` open on inode `ino` of the mount with
-/// device `dev` (the caller's views of the directory its request names),
-/// each pinned. Only those whose fdinfo names the inode are taken.
-pub fn descriptors_of(pid: u32, dev: (u32, u32), ino: u64) -> Vec<Pinned> {
+/// The descriptors of process `pid` open on the inode numbered any of
+/// `inos` in the mount with device `dev` (the caller's views of the
+/// directory its request names), each pinned. Only those whose fdinfo
+/// names the inode are taken. (The mount's root goes by two numbers: its
+/// node id until the kernel first has its attributes, then its own.)
+pub fn descriptors_of(pid: u32, dev: (u32, u32), inos: &[u64]) -> Vec<Pinned> {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
         return Vec::new();
     };
@@ -159,10 +161,10 @@ pub fn descriptors_of(pid: u32, dev: (u32, u32), ino: u64) -> Vec<Pinned> {
             std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))
                 .ok()
                 .and_then(|t| fdinfo(&t))
-                .is_some_and(|(_, i, _)| i == ino)
+                .is_some_and(|(_, i, _)| inos.contains(&i))
         })
         .filter_map(|fd| pin(pid, fd).ok())
-        .filter(|p| p.dev == dev && p.ino == ino)
+        .filter(|p| p.dev == dev && inos.contains(&p.ino))
         .collect()
 }
 

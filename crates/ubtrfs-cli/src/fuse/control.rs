@@ -6,6 +6,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use ubtrfs::format::Key;
+use ubtrfs::fs::SpaceInfo;
 use ubtrfs::scrub::{ScrubCursor, ScrubPhase, ScrubReport};
 
 /// `_IOR('u', 0xe0, [u64; INFO_WORDS])`: fills [`INFO_WORDS`] little-endian
@@ -192,6 +193,45 @@ pub fn decode_scrub_reply(buf: &[u8]) -> Option<(ScrubCursor, u64, ScrubReport)>
     Some((cursor, word(4)?, r))
 }
 
+/// `_IOR('u', 0xe3, [u8; SPACE_SIZE])`: the space of each block group
+/// type and profile, as `ubtrfs filesystem df` shows it: a `u32` count,
+/// then flags, total and used bytes as `u64`s for each.
+pub const UBTRFS_IOC_SPACE_INFO: u32 =
+    (2 << 30) | ((SPACE_SIZE as u32) << 16) | ((b'u' as u32) << 8) | 0xe3;
+/// Size of the space ioctl's buffer: room for 40 kinds.
+pub const SPACE_SIZE: usize = 4 + 40 * 24;
+
+/// Pack `spaces` (at most 40) into a reply.
+pub fn encode_space(spaces: &[SpaceInfo]) -> Vec<u8> {
+    let spaces = &spaces[..spaces.len().min(40)];
+    let mut out = (spaces.len() as u32).to_le_bytes().to_vec();
+    for s in spaces {
+        for w in [s.flags, s.total, s.used] {
+            out.extend_from_slice(&w.to_le_bytes());
+        }
+    }
+    out
+}
+
+/// Unpack [`encode_space`]; `None` if it is cut short.
+pub fn decode_space(buf: &[u8]) -> Option<Vec<SpaceInfo>> {
+    let n = u32::from_le_bytes(buf.get(..4)?.try_into().ok()?) as usize;
+    let word = |i: usize| {
+        Some(u64::from_le_bytes(
+            buf.get(4 + i * 8..12 + i * 8)?.try_into().ok()?,
+        ))
+    };
+    (0..n.min(40))
+        .map(|k| {
+            Some(SpaceInfo {
+                flags: word(3 * k)?,
+                total: word(3 * k + 1)?,
+                used: word(3 * k + 2)?,
+            })
+        })
+        .collect()
+}
+
 /// Pack `subvols` (in id order, all above the asked id) into a reply.
 pub fn encode_list(subvols: &[ListedSubvol]) -> Vec<u8> {
     let mut out = vec![0u8; 4];
@@ -347,6 +387,22 @@ fn word_of(c: Counter) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn space_round_trips() {
+        assert_eq!(UBTRFS_IOC_SPACE_INFO, 0x83c4_75e3);
+        let spaces: Vec<SpaceInfo> = (0..3)
+            .map(|i| SpaceInfo {
+                flags: 1 << i,
+                total: 8 << (20 + i),
+                used: 4096 * i,
+            })
+            .collect();
+        let b = encode_space(&spaces);
+        assert!(b.len() <= SPACE_SIZE);
+        assert_eq!(decode_space(&b), Some(spaces));
+        assert_eq!(decode_space(&b[..20]), None);
+    }
 
     #[test]
     fn scrub_steps_round_trip_through_their_buffers() {

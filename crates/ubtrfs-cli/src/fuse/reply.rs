@@ -37,7 +37,16 @@ pub(crate) trait Reply: Send + 'static {
 }
 
 pub(crate) trait EntryReply: Reply {
-    fn entry(self, ttl: &Duration, attr: &FileAttr, generation: Generation);
+    /// An entry naming node `attr.ino`.
+    fn entry(self, ttl: &Duration, attr: &FileAttr, generation: Generation)
+    where
+        Self: Sized,
+    {
+        self.entry_of(attr.ino, ttl, attr, generation);
+    }
+    /// An entry naming node `node`, whose `st_ino` is `attr.ino` (they
+    /// differ for the mount's root).
+    fn entry_of(self, node: INodeNo, ttl: &Duration, attr: &FileAttr, generation: Generation);
 }
 
 pub(crate) trait AttrReply: Reply {

@@ -391,9 +391,9 @@ impl FuseFs {
     }
 }
 
-fn entry_out(ttl: &Duration, attr: &FileAttr, generation: Generation) -> Out {
+fn entry_out(node: INodeNo, ttl: &Duration, attr: &FileAttr, generation: Generation) -> Out {
     let mut out = Out::with_capacity(fuse_ring::abi::ENTRY_OUT_LEN + 16);
-    out.entry(attr.ino.0, generation.0, *ttl, &from_fuser::attr(attr));
+    out.entry(node.0, generation.0, *ttl, &from_fuser::attr(attr));
     out
 }
 
@@ -406,8 +406,8 @@ impl<W: Wire> Reply for WireReply<W> {
 }
 
 impl<W: Wire> EntryReply for WireReply<W> {
-    fn entry(self, ttl: &Duration, attr: &FileAttr, generation: Generation) {
-        self.send(&[&entry_out(ttl, attr, generation).0]);
+    fn entry_of(self, node: INodeNo, ttl: &Duration, attr: &FileAttr, generation: Generation) {
+        self.send(&[&entry_out(node, ttl, attr, generation).0]);
     }
 }
 
@@ -446,7 +446,7 @@ impl<W: Wire> CreateReply for WireReply<W> {
         fh: FileHandle,
         flags: FopenFlags,
     ) {
-        let mut out = entry_out(ttl, attr, generation);
+        let mut out = entry_out(attr.ino, ttl, attr, generation);
         out.open(fh.0, flags.bits());
         self.send(&[&out.0]);
     }

@@ -453,23 +453,17 @@ impl Filesystem {
     /// bytes from the block group items (one lookup per chunk) and the
     /// device items, counted as for a writable one.
     fn read_only_space(&self) -> Option<(u64, u64, u64)> {
-        let bg_tree = if self.sb.compat_ro_flags & COMPAT_RO_BLOCK_GROUP_TREE != 0 {
-            BLOCK_GROUP_TREE_OBJECTID
-        } else {
-            EXTENT_TREE_OBJECTID
-        };
-        let tree = self.tree_by_id(bg_tree).ok()?;
-        let mut groups = Vec::new();
-        let mut data_free = 0u64;
-        for c in self.tree_reader().volume().chunks.all() {
-            let key = Key::new(c.logical, BLOCK_GROUP_ITEM_KEY, c.item.length);
-            let item = tree.get(&key).ok()??;
-            let used = u64::from_le_bytes(item.data().get(..8)?.try_into().ok()?);
-            if c.item.chunk_type & BLOCK_GROUP_DATA != 0 {
-                data_free = data_free.saturating_add(c.item.length.saturating_sub(used));
-            }
-            groups.push((c.item.chunk_type, used));
-        }
+        let items = self.block_group_items().ok()?;
+        let data_free = items
+            .iter()
+            .filter(|(flags, _, _)| flags & BLOCK_GROUP_DATA != 0)
+            .fold(0u64, |a, (_, len, used)| {
+                a.saturating_add(len.saturating_sub(*used))
+            });
+        let groups: Vec<(u64, u64)> = items
+            .iter()
+            .map(|&(flags, _, used)| (flags, used))
+            .collect();
         self.space_figures(&groups, data_free)
     }
 

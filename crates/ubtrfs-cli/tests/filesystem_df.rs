@@ -1,0 +1,102 @@
+//! `ubtrfs filesystem df` prints what `btrfs filesystem df` prints on the
+//! kernel's mount of the same filesystem (but its GlobalReserve line, a
+//! figure of the kernel's own): of an image, unmounted, and of a ubtrfs
+//! mount after it wrote, in bytes (`-b`) and in btrfs-progs' units.
+
+mod common;
+
+use common::ubtrfs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use testkit::fuse_mount::UbtrfsMount;
+use testkit::{Mount, TestDir, require_privileged};
+
+/// `btrfs filesystem df` of the kernel's mount, without GlobalReserve.
+fn kernel_df(devices: &[PathBuf], mnt: &Path, options: &str, raw: bool) -> String {
+    let m = Mount::new(devices, mnt, options).unwrap();
+    let mut cmd = Command::new("btrfs");
+    cmd.args(["filesystem", "df"]);
+    if raw {
+        cmd.arg("-b");
+    }
+    let out = cmd.arg(m.path()).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    m.unmount().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.starts_with("GlobalReserve"))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+fn ubtrfs_df(args: &[&Path], raw: bool) -> String {
+    let mut all: Vec<&std::ffi::OsStr> = vec!["filesystem".as_ref(), "df".as_ref()];
+    if raw {
+        all.push("-b".as_ref());
+    }
+    all.extend(args.iter().map(|p| p.as_os_str()));
+    let out = ubtrfs(&all);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn filesystem_df_shows_what_the_kernel_shows() {
+    require_privileged!();
+    let t = TestDir::new("filesystem-df").unwrap();
+    let devices: Vec<PathBuf> = (0..2)
+        .map(|i| common::new_image(&t, &format!("d{i}.img"), 400 << 20))
+        .collect();
+    let out = Command::new("mkfs.btrfs")
+        .args(["-q", "-f", "-d", "raid1", "-m", "raid1"])
+        .args(&devices)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let kmnt = t.join("kernel");
+    {
+        let m = Mount::new(&devices, &kmnt, "").unwrap();
+        std::fs::write(m.path().join("big"), vec![7u8; 3 << 20]).unwrap();
+        for i in 0..300 {
+            std::fs::write(m.path().join(format!("f{i}")), format!("{i}")).unwrap();
+        }
+        m.unmount().unwrap();
+    }
+    let paths: Vec<&Path> = devices.iter().map(|d| d.as_path()).collect();
+    for raw in [true, false] {
+        let expected = kernel_df(&devices, &kmnt, "ro", raw);
+        assert!(expected.contains("Data, RAID1: total="), "{expected}");
+        assert_eq!(ubtrfs_df(&paths, raw), expected, "of the image");
+    }
+
+    // Written by a ubtrfs mount, asked through it once committed.
+    let mnt = t.join("fuse");
+    let m = UbtrfsMount::start(Path::new(common::ubtrfs_bin()), &devices, &mnt, &[]).unwrap();
+    std::fs::write(m.path().join("more"), vec![9u8; 40 << 20]).unwrap();
+    for i in 0..2000 {
+        std::fs::write(m.path().join(format!("g{i}")), vec![1u8; 3000]).unwrap();
+    }
+    let out = ubtrfs(["sync".as_ref(), m.path().as_os_str()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let through_mount = [ubtrfs_df(&[m.path()], true), ubtrfs_df(&[m.path()], false)];
+    m.unmount().unwrap();
+    assert_eq!(through_mount[0], kernel_df(&devices, &kmnt, "ro", true));
+    assert_eq!(through_mount[1], kernel_df(&devices, &kmnt, "ro", false));
+    common::check_image(&devices[0]);
+}

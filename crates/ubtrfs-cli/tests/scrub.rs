@@ -29,15 +29,7 @@ fn show(out: &Output) -> String {
 }
 
 fn contents() -> Vec<u8> {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    (0..FILE_LEN)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    testkit::xorshift_bytes(7, FILE_LEN)
 }
 
 /// Where copy `mirror` of `len` bytes at `logical` lies: device path and offset.
@@ -108,6 +100,18 @@ fn targets(devices: &[PathBuf]) -> (u64, u64, u64) {
         leaves[0].header.bytenr,
         leaves[leaves.len() - 1].header.bytenr,
     )
+}
+
+/// `btrfs check` of the filesystem on all of `devices`.
+fn btrfs_check(devices: &[PathBuf]) {
+    let image = testkit::corpus::Image {
+        devices: devices.to_vec(),
+        source: None,
+        mkfs: testkit::MkfsOptions::default(),
+        mount_options: String::new(),
+        builder: testkit::corpus::Builder::Kernel,
+    };
+    testkit::corpus::btrfs_check(&image).unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 fn scrub(args: &[&str], devices: &[PathBuf]) -> Output {
@@ -202,14 +206,7 @@ fn scrub_mends(profile: &str, ndev: usize, mirrored: bool) {
         "{}",
         show(&again)
     );
-    let image = testkit::corpus::Image {
-        devices: devices.clone(),
-        source: None,
-        mkfs: testkit::MkfsOptions::default(),
-        mount_options: String::new(),
-        builder: testkit::corpus::Builder::Kernel,
-    };
-    testkit::corpus::btrfs_check(&image).unwrap_or_else(|e| panic!("{e:#}"));
+    btrfs_check(&devices);
     kernel_scrub_is_clean(&devices, &t.join("kernel"));
 
     // No good copy left of one sector: named, and the command fails; the
@@ -341,13 +338,6 @@ fn a_mount_is_scrubbed_between_its_other_work() {
         show(&again)
     );
     m.unmount().unwrap();
-    let image = testkit::corpus::Image {
-        devices: devices.clone(),
-        source: None,
-        mkfs: testkit::MkfsOptions::default(),
-        mount_options: String::new(),
-        builder: testkit::corpus::Builder::Kernel,
-    };
-    testkit::corpus::btrfs_check(&image).unwrap_or_else(|e| panic!("{e:#}"));
+    btrfs_check(&devices);
     kernel_scrub_is_clean(&devices, &t.join("kernel"));
 }

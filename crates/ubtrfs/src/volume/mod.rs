@@ -104,19 +104,7 @@ impl Volume {
             return self.write_parity(&chunk, logical, buf);
         }
         for mirror in 0..chunk.num_copies() {
-            let mut done = 0usize;
-            while done < buf.len() {
-                let pos = logical + done as u64;
-                let piece = chunk.map(pos, buf.len() - done, mirror)?;
-                let dev = self.devices.get(piece.devid).ok_or_else(|| {
-                    Error::Devices(format!(
-                        "device {} holding logical {pos} is missing; cannot write",
-                        piece.devid
-                    ))
-                })?;
-                dev.write_at(piece.physical, &buf[done..done + piece.len])?;
-                done += piece.len;
-            }
+            self.write_mirror(&chunk, logical, mirror, buf)?;
         }
         Ok(())
     }
@@ -132,6 +120,17 @@ impl Volume {
                 "one copy of logical {logical} written alone in RAID5/6"
             )));
         }
+        self.write_mirror(&chunk, logical, mirror, buf)
+    }
+
+    /// Write `buf` at `logical` to copy `mirror` of mirrored `chunk`.
+    fn write_mirror(
+        &self,
+        chunk: &chunk_map::Chunk,
+        logical: u64,
+        mirror: usize,
+        buf: &[u8],
+    ) -> Result<()> {
         let mut done = 0usize;
         while done < buf.len() {
             let pos = logical + done as u64;

@@ -244,8 +244,58 @@ fn scrub_mends_raid5_from_parity() {
     scrub_mends("raid5", 3, false);
 }
 
+/// A RAID1 filesystem mounted degraded, one device missing, while files
+/// were written: that device's copies of tree blocks, data and
+/// superblocks are older than the others'. Scrub finds them (good
+/// checksums, old generations), and mends them; then the kernel's scrub
+/// finds nothing, and the kernel reads every file with either device.
+#[test]
+fn a_device_that_missed_writes_is_brought_up_to_date() {
+    require_privileged!();
+    let t = TestDir::new("scrub-degraded").unwrap();
+    let devices = make(&t, "raid1", 2);
+    let written = testkit::xorshift_bytes(9, 3 << 20);
+    {
+        let m = Mount::new(&devices[..1], &t.join("kernel"), "degraded").unwrap();
+        std::fs::write(m.path().join("while-degraded"), &written).unwrap();
+        for i in 0..100 {
+            std::fs::write(m.path().join(format!("d-{i}")), format!("{i}")).unwrap();
+        }
+        m.unmount().unwrap();
+    }
+    let found = scrub(&["-r"], &devices);
+    let said = show(&found);
+    assert!(!found.status.success(), "{said}");
+    assert!(said.contains("superblock 2"), "{said}");
+    assert!(!said.contains("errors: tree block 0,"), "{said}");
+    let mended = scrub(&[], &devices);
+    let said = show(&mended);
+    assert!(
+        mended.status.success() && said.contains("uncorrectable: 0"),
+        "{said}"
+    );
+    let again = scrub(&["-r"], &devices);
+    assert!(
+        again.status.success() && show(&again).contains("no errors found"),
+        "{}",
+        show(&again)
+    );
+    btrfs_check(&devices);
+    kernel_scrub_is_clean(&devices, &t.join("kernel"));
+    // Each device alone holds everything now.
+    // (testkit's unmount has the kernel forget the devices it used.)
+    for one in &devices {
+        let m = Mount::new(std::slice::from_ref(one), &t.join("kernel"), "ro,degraded").unwrap();
+        assert!(std::fs::read(m.path().join("while-degraded")).unwrap() == written);
+        assert!(std::fs::read(m.path().join("f")).unwrap() == contents());
+        m.unmount().unwrap();
+    }
+}
+
 /// A filesystem a kernel mount uses (through a loop device on its image)
-/// is neither scrubbed for repair nor mounted read-write by ubtrfs.
+/// is neither scrubbed for repair nor mounted read-write by ubtrfs, by
+/// any path to the image (a hard link here); an unmounted image named
+/// like a mount's source ("tmpfs") is not taken for it.
 #[test]
 fn a_filesystem_the_kernel_mounted_is_refused() {
     require_privileged!();
@@ -253,6 +303,14 @@ fn a_filesystem_the_kernel_mounted_is_refused() {
     let devices = make(&t, "single", 1);
     let m = Mount::new(&devices, &t.join("kernel"), "").unwrap();
     let out = scrub(&[], &devices);
+    assert!(
+        !out.status.success() && show(&out).contains("is mounted"),
+        "{}",
+        show(&out)
+    );
+    let link = t.join("link.img");
+    std::fs::hard_link(&devices[0], &link).unwrap();
+    let out = scrub(&[], std::slice::from_ref(&link));
     assert!(
         !out.status.success() && show(&out).contains("is mounted"),
         "{}",
@@ -275,6 +333,13 @@ fn a_filesystem_the_kernel_mounted_is_refused() {
         show(&out)
     );
     m.unmount().unwrap();
+    std::fs::rename(&link, t.join("tmpfs")).unwrap();
+    let out = Command::new(common::ubtrfs_bin())
+        .args(["scrub", "--quiet", "tmpfs"])
+        .current_dir(t.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", show(&out));
 }
 
 /// A ubtrfs mount is scrubbed a step at a time, through its mount point,

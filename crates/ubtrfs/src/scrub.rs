@@ -6,10 +6,13 @@
 //! has an item there), data through the checksum tree (only checksummed
 //! data can be told good or bad). Each copy is read from its own device,
 //! bypassing the node cache, so a bad mirror is found even when the good
-//! one was read before. In RAID5/6 the data is checked as it reads, and a
-//! sector that is bad there is rebuilt from parity and written back (data
-//! and parity); parity itself is not checked. Superblock copies are
-//! checked and left to the next commit, which rewrites them all.
+//! one was read before. A tree block's copy must also have the generation
+//! its extent item records (a device that missed writes holds older
+//! blocks with good checksums). In RAID5/6 the data is checked as it
+//! reads, and a sector that is bad there is rebuilt from parity and
+//! written back (data and parity); parity itself is not checked.
+//! Superblock copies must have the last commit's generation; bad ones are
+//! mended by a commit, which writes every copy again.
 
 use crate::Result;
 use crate::format::Key;
@@ -17,6 +20,7 @@ use crate::format::consts::*;
 use crate::format::node::{Expect, Node};
 use crate::format::superblock::Superblock;
 use crate::fs::Filesystem;
+use crate::transaction::Writer;
 use crate::volume::{Profile, Volume};
 
 /// Data sectors read per copy at once.
@@ -95,12 +99,13 @@ const STEP_BYTES: u64 = 16 << 20;
 /// The parts of a scrub, in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ScrubPhase {
-    /// The superblock copies.
-    Supers,
     /// Tree blocks, in the extent tree's order.
     TreeBlocks,
     /// Checksummed data, in the checksum tree's order.
     Data,
+    /// The superblock copies: last, so that a commit mending them comes
+    /// after the blocks a device missed are mended.
+    Supers,
     /// Nothing left.
     Done,
 }
@@ -118,7 +123,7 @@ impl ScrubCursor {
     /// A scrub not started.
     pub fn start() -> Self {
         ScrubCursor {
-            phase: ScrubPhase::Supers,
+            phase: ScrubPhase::TreeBlocks,
             next: Key::new(0, 0, 0),
         }
     }
@@ -186,7 +191,7 @@ impl Filesystem {
         budget: u64,
         report: &mut ScrubReport,
     ) -> Result<()> {
-        let _held = match &self.writer {
+        let mut held = match &self.writer {
             Some(_) => Some(self.lock_writer()?),
             None if repair => {
                 return Err(crate::Error::ReadOnly(
@@ -198,10 +203,11 @@ impl Filesystem {
         let before = report.corrected;
         match cursor.phase {
             ScrubPhase::Supers => {
-                self.scrub_supers(report);
+                let w = held.as_deref_mut().filter(|_| repair);
+                self.scrub_supers(w, report)?;
                 *cursor = ScrubCursor {
-                    phase: ScrubPhase::TreeBlocks,
-                    next: Key::new(0, 0, 0),
+                    phase: ScrubPhase::Done,
+                    next: Key::new(u64::MAX, u8::MAX, u64::MAX),
                 };
             }
             ScrubPhase::TreeBlocks => self.scrub_tree_blocks(cursor, repair, budget, report)?,
@@ -216,26 +222,60 @@ impl Filesystem {
         Ok(())
     }
 
-    /// Every superblock copy of every present device.
-    fn scrub_supers(&self, report: &mut ScrubReport) {
-        for (_, dev) in self.tree_reader().volume().devices.iter() {
-            for &at in SUPER_OFFSETS.iter() {
+    /// Every superblock copy of every present device: good if it parses
+    /// (checksum, place, magic), names this filesystem and has the last
+    /// commit's generation (a device that missed commits has older ones).
+    /// With `repair` (and the transaction, `w`), bad copies are mended by
+    /// a commit, which writes every copy of every device again.
+    fn scrub_supers(&self, w: Option<&mut Writer>, report: &mut ScrubReport) -> Result<()> {
+        let bad = self.bad_supers();
+        report.super_errors += bad.len() as u64;
+        let still = match w {
+            Some(w) if !bad.is_empty() => {
+                // A commit needs a change: the root tree's root, copied,
+                // is one (that root must be as new as the superblocks).
+                self.modify_tree(w, ROOT_TREE_OBJECTID, |ed, root| ed.cow_root(root))?;
+                self.commit_locked(w)?;
+                self.bad_supers()
+            }
+            _ => return Ok(()),
+        };
+        report.corrected += bad.len().saturating_sub(still.len()) as u64;
+        for what in still {
+            report.lost(what);
+        }
+        Ok(())
+    }
+
+    /// The superblock copies that are not as the last commit wrote them.
+    fn bad_supers(&self) -> Vec<String> {
+        let generation = self.committed.load(std::sync::atomic::Ordering::Acquire);
+        let fsid = self.superblock().fsid;
+        // Superblock writes (an fsync's) wait meanwhile.
+        let _supers = self
+            .supers_on_disk
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let mut bad = Vec::new();
+        for (devid, dev) in self.tree_reader().volume().devices.iter() {
+            for (i, &at) in SUPER_OFFSETS.iter().enumerate() {
                 if at + SUPER_SIZE as u64 > dev.size() {
                     break;
                 }
-                let good = || {
-                    let mut buf = vec![0u8; SUPER_SIZE];
-                    dev.read_at(at, &mut buf)
-                        .and_then(|()| Superblock::parse(&buf, at))
-                        .is_ok_and(|sb| sb.fsid == self.superblock().fsid)
-                };
-                // Read twice before it counts: on a mount an fsync may be
-                // writing the superblocks meanwhile (it holds no change lock).
-                if !good() && !good() {
-                    report.super_errors += 1;
+                let mut buf = vec![0u8; SUPER_SIZE];
+                let good = dev
+                    .read_at(at, &mut buf)
+                    .and_then(|()| Superblock::parse(&buf, at))
+                    .is_ok_and(|sb| sb.fsid == fsid && sb.generation == generation);
+                if !good {
+                    bad.push(format!(
+                        "superblock copy {i} of device {devid} ({})",
+                        dev.path().display()
+                    ));
                 }
             }
         }
+        bad
     }
 
     /// The tree blocks the extent tree lists from `cursor` on.
@@ -256,6 +296,10 @@ impl Filesystem {
             let item = item?;
             let key = item.key();
             cursor.next = key_after(key);
+            // The generation the block was written in (the item's second
+            // field, skinny or not): an older block at the same place, a
+            // stale copy, is bad even with a good checksum.
+            let generation = u64_at(item.data(), 8);
             let level = match key.item_type {
                 METADATA_ITEM_KEY => key.offset,
                 EXTENT_ITEM_KEY => {
@@ -276,7 +320,7 @@ impl Filesystem {
             }
             let expect = Expect {
                 bytenr,
-                generation: None,
+                generation,
                 level: u8::try_from(level).ok(),
                 first_key: None,
             };
@@ -354,8 +398,8 @@ impl Filesystem {
         report: &mut ScrubReport,
     ) -> Result<()> {
         let finished = ScrubCursor {
-            phase: ScrubPhase::Done,
-            next: Key::new(u64::MAX, u8::MAX, u64::MAX),
+            phase: ScrubPhase::Supers,
+            next: Key::new(0, 0, 0),
         };
         let Some(root) = self.root_ptr(CSUM_TREE_OBJECTID)? else {
             *cursor = finished;
@@ -378,7 +422,16 @@ impl Filesystem {
             let mut i = 0usize;
             while i < count {
                 let logical = start + i as u64 * sector;
-                let chunk_end = self.tree_reader().volume().chunks.lookup(logical)?.end();
+                let chunk_end = match self.tree_reader().volume().chunks.lookup(logical) {
+                    Ok(c) => c.end(),
+                    Err(_) => {
+                        // Damage: checksums of data outside every chunk.
+                        report.lost(format!(
+                            "checksums of data sector {logical}, outside every chunk"
+                        ));
+                        break;
+                    }
+                };
                 let fit = ((chunk_end - logical) / sector).max(1) as usize;
                 let n = DATA_BATCH.min(count - i).min(fit);
                 let expected = &sums[i * geo.csum_size..(i + n) * geo.csum_size];
@@ -506,17 +559,22 @@ impl Filesystem {
             return Ok(());
         }
         let volume = self.tree_reader().volume();
-        let parity = is_parity(volume, logical)?;
-        if parity {
+        // A copy that cannot be written (a device missing, an I/O error)
+        // stays bad; the scrub goes on.
+        if is_parity(volume, logical)? {
             // The data as read was bad and parity rebuilt it: write it
             // back, with the row's parity.
-            volume.write(logical, good)?;
-            report.corrected += 1;
+            match volume.write(logical, good) {
+                Ok(()) => report.corrected += 1,
+                Err(e) => report.lost(format!("{what}: {e}")),
+            }
             return Ok(());
         }
         for mirror in bad {
-            volume.write_copy(logical, mirror, good)?;
-            report.corrected += 1;
+            match volume.write_copy(logical, mirror, good) {
+                Ok(()) => report.corrected += 1,
+                Err(e) => report.lost(format!("{what}, copy {mirror}: {e}")),
+            }
         }
         Ok(())
     }

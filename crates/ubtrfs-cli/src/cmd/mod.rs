@@ -18,7 +18,7 @@ pub mod umount;
 use anyhow::{Context, Result, bail};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, FileTypeExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use ubtrfs::fs::{Filesystem, InodeId};
 
@@ -35,27 +35,73 @@ pub fn refuse_mounted(devices: &[PathBuf]) -> Result<()> {
     Ok(())
 }
 
-/// How `dev` is in use by a mounted filesystem, if it is: mounted itself,
-/// or (an image file) behind a loop device that is part of a mounted btrfs
-/// or mounted otherwise.
+/// How `dev` is in use by the kernel, if it is: a block device the kernel
+/// holds (mounted, or part of a mounted btrfs), or an image file behind a
+/// loop device it holds. Loop devices are matched by the backing file's
+/// device and inode numbers, so a hard link, a bind mount or another path
+/// to the same file is found too.
 pub fn mounted(dev: &Path) -> Option<String> {
-    let canon = std::fs::canonicalize(dev).ok()?;
-    let meta = std::fs::metadata(&canon).ok()?;
-    // The block devices that stand for `dev`: itself, or loop devices backed by it.
-    let mut names: Vec<String> = Vec::new();
-    if meta.file_type().is_block_device() {
-        names.push(canon.file_name()?.to_string_lossy().into_owned());
-    } else if let Ok(dir) = std::fs::read_dir("/sys/block") {
-        for e in dir.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let backing = std::fs::read_to_string(e.path().join("loop/backing_file"));
-            if let Ok(b) = backing
-                && Path::new(b.trim()) == canon
-            {
-                names.push(name);
-            }
-        }
-    }
+    let meta = std::fs::metadata(dev).ok()?;
+    let blocks: Vec<PathBuf> = if meta.file_type().is_block_device() {
+        vec![std::fs::canonicalize(dev).ok()?]
+    } else {
+        loops_backed_by(meta.dev(), meta.ino())
+    };
+    blocks
+        .into_iter()
+        .find(|b| held_by_kernel(b))
+        .map(|b| describe_holder(&b))
+}
+
+/// The loop devices whose backing file is inode `ino` of device `st_dev`.
+fn loops_backed_by(st_dev: u64, ino: u64) -> Vec<PathBuf> {
+    /// `LOOP_GET_STATUS64`, and the size of its `struct loop_info64`.
+    const LOOP_GET_STATUS64: libc::c_ulong = 0x4c05;
+    const INFO_SIZE: usize = 232;
+    let Ok(dir) = std::fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    let (major, minor) = (libc::major(st_dev), libc::minor(st_dev));
+    dir.flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("loop"))
+        .map(|n| Path::new("/dev").join(n))
+        .filter(|p| {
+            let Ok(f) = std::fs::File::open(p) else {
+                return false;
+            };
+            let mut info = [0u8; INFO_SIZE];
+            // SAFETY: the ioctl fills a loop_info64, which is INFO_SIZE bytes.
+            let rc = unsafe {
+                libc::ioctl(
+                    std::os::fd::AsRawFd::as_raw_fd(&f),
+                    LOOP_GET_STATUS64,
+                    info.as_mut_ptr(),
+                )
+            };
+            let word =
+                |at: usize| u64::from_le_bytes(info[at..at + 8].try_into().unwrap_or_default());
+            // lo_device is in the kernel's own encoding of device numbers.
+            let (d, i) = (word(0), word(8));
+            let (d_major, d_minor) = ((d & 0xfff00) >> 8, (d & 0xff) | ((d >> 12) & 0xfff00));
+            rc == 0 && i == ino && d_major == u64::from(major) && d_minor == u64::from(minor)
+        })
+        .collect()
+}
+
+/// Whether the kernel holds block device `b` (an exclusive open fails
+/// with EBUSY: it is mounted, or part of a mounted btrfs).
+fn held_by_kernel(b: &Path) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_EXCL)
+        .open(b);
+    matches!(opened, Err(e) if e.raw_os_error() == Some(libc::EBUSY))
+}
+
+/// Where block device `b` is mounted, or that the kernel holds it.
+fn describe_holder(b: &Path) -> String {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     for line in info.lines() {
         let mut parts = line.split(" - ");
@@ -64,29 +110,15 @@ pub fn mounted(dev: &Path) -> Option<String> {
         };
         let source = tail.split(' ').nth(1).unwrap_or("");
         let target = head.split(' ').nth(4).unwrap_or("?");
-        let src = std::fs::canonicalize(source).unwrap_or_else(|_| PathBuf::from(source));
-        if src == canon || names.iter().any(|n| src == Path::new("/dev").join(n)) {
-            return Some(format!("on {target}"));
+        // Only a path names a device ("tmpfs", "proc" do not).
+        if source.starts_with('/') && std::fs::canonicalize(source).is_ok_and(|s| s == b) {
+            return format!("as {}, on {target}", b.display());
         }
     }
-    // A member of a mounted multi-device btrfs appears under /sys/fs/btrfs.
-    if let Ok(fss) = std::fs::read_dir("/sys/fs/btrfs") {
-        for fs in fss.flatten() {
-            let Ok(devs) = std::fs::read_dir(fs.path().join("devices")) else {
-                continue;
-            };
-            for d in devs.flatten() {
-                let n = d.file_name().to_string_lossy().into_owned();
-                if names.contains(&n) {
-                    return Some(format!(
-                        "as /dev/{n}, part of the mounted btrfs {}",
-                        fs.file_name().to_string_lossy()
-                    ));
-                }
-            }
-        }
-    }
-    None
+    format!(
+        "as {}, which the kernel holds: part of a mounted btrfs?",
+        b.display()
+    )
 }
 
 /// Open the filesystem made of `devices` for writing and print the

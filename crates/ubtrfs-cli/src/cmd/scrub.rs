@@ -16,15 +16,17 @@ use ubtrfs::scrub::{ScrubCursor, ScrubReport};
 #[command(after_help = "\
 Reads every copy of every tree block (found through the extent tree), of \
 every data sector that has a checksum (found through the checksum tree) \
-and of every superblock, and verifies each. A bad copy is written over \
-with a good one (unless -r); in RAID5/6, data that reads bad is rebuilt \
-from parity and written back with its parity (parity itself is not \
-checked). Superblock copies are only checked: the next commit rewrites \
-them all. Give the devices or images of an unmounted filesystem, or the \
-mount point of a ubtrfs mount (root only): the mount is scrubbed a step \
-at a time between its other work. A filesystem a kernel mount uses is \
-refused. Exits non-zero when errors remain: any found with -r, \
-and any copy that had no good one beside it.")]
+and of every superblock, and verifies each: checksum, place, and for tree \
+blocks and superblocks the generation (a device that missed writes holds \
+older copies). A bad copy is written over with a good one (unless -r); \
+in RAID5/6, data that reads bad is rebuilt from parity and written back \
+with its parity (parity itself is not checked); bad superblock copies \
+are mended by a commit, which writes every copy again. Give the devices \
+or images of an unmounted filesystem, or the mount point of a ubtrfs \
+mount (root only): the mount is scrubbed a step at a time between its \
+other work. A filesystem a kernel mount uses is refused. Exits non-zero \
+when errors remain: any found with -r, and any copy that had no good \
+one beside it or could not be written.")]
 pub struct Args {
     /// Only check and report: write nothing.
     #[arg(short = 'r', long)]
@@ -180,9 +182,6 @@ fn summary(r: &ScrubReport, devices: &str) -> String {
         "corrected: {}, uncorrectable: {}\n",
         r.corrected, r.uncorrectable
     );
-    if r.super_errors > 0 {
-        out += "superblock copies are rewritten by the next commit\n";
-    }
     for at in &r.uncorrectable_at {
         out += &format!("uncorrectable: {at}\n");
     }

@@ -2066,11 +2066,18 @@ impl FuseFs {
                 // that serves requests.
                 self.on_own_thread(reply, move |me| {
                     let mut report = ubtrfs::scrub::ScrubReport::default();
-                    let in_use = me.served.read(|fs| {
+                    let supers = cursor.phase == ubtrfs::scrub::ScrubPhase::Supers;
+                    let mut step = |fs: &ubtrfs::fs::Filesystem| {
                         fs.scrub_step(&mut cursor, repair, SCRUB_STEP_BYTES, &mut report)
-                            .map_err(errno)?;
-                        Ok::<_, Errno>(fs.superblock().bytes_used)
-                    })?;
+                            .map(|()| fs.superblock().bytes_used)
+                    };
+                    // Mending superblocks commits: with readers shut out,
+                    // as every commit of the mount.
+                    let in_use = if repair && supers {
+                        me.served.write_committing("scrub", step)?
+                    } else {
+                        me.served.read(|fs| step(fs).map_err(errno))?
+                    };
                     Ok(control::encode_scrub_reply(&cursor, in_use, &report))
                 });
             }

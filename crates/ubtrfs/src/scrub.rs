@@ -191,13 +191,27 @@ impl Filesystem {
         budget: u64,
         report: &mut ScrubReport,
     ) -> Result<()> {
+        if repair && self.writer.is_none() {
+            return Err(crate::Error::ReadOnly(
+                "a scrub that mends needs the filesystem opened read-write".into(),
+            ));
+        }
+        // A change as any other (its commit, mending superblocks, may fail
+        // half-way), taking the transaction after the change gate.
+        self.change("scrub", || {
+            self.scrub_step_held(cursor, repair, budget, report)
+        })
+    }
+
+    fn scrub_step_held(
+        &self,
+        cursor: &mut ScrubCursor,
+        repair: bool,
+        budget: u64,
+        report: &mut ScrubReport,
+    ) -> Result<()> {
         let mut held = match &self.writer {
             Some(_) => Some(self.lock_writer()?),
-            None if repair => {
-                return Err(crate::Error::ReadOnly(
-                    "a scrub that mends needs the filesystem opened read-write".into(),
-                ));
-            }
             None => None,
         };
         let before = report.corrected;

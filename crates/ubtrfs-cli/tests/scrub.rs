@@ -294,7 +294,8 @@ fn a_device_that_missed_writes_is_brought_up_to_date() {
 
 /// A filesystem a kernel mount uses (through a loop device on its image)
 /// is neither scrubbed for repair nor mounted read-write by ubtrfs, by
-/// any path to the image (a hard link here); an unmounted image named
+/// any path to the image (a hard link, another loop device on it); an
+/// unmounted image named
 /// like a mount's source ("tmpfs") is not taken for it.
 #[test]
 fn a_filesystem_the_kernel_mounted_is_refused() {
@@ -316,6 +317,15 @@ fn a_filesystem_the_kernel_mounted_is_refused() {
         "{}",
         show(&out)
     );
+    // Another loop device on the same image, given as the device.
+    let other = testkit::Loop::attach(&devices[0]).unwrap();
+    let out = scrub(&[], &[other.device().to_path_buf()]);
+    assert!(
+        !out.status.success() && show(&out).contains("is mounted"),
+        "{}",
+        show(&out)
+    );
+    other.detach().unwrap();
     let mnt = t.join("fuse");
     std::fs::create_dir_all(&mnt).unwrap();
     // Under a timeout: a mount that was let in would serve until killed.
@@ -416,4 +426,33 @@ fn a_mount_is_scrubbed_between_its_other_work() {
     m.unmount().unwrap();
     btrfs_check(&devices);
     kernel_scrub_is_clean(&devices, &t.join("kernel"));
+}
+
+/// A device larger than the filesystem on it (an image grown, not yet
+/// resized): the superblock copy past the filesystem's end is none of its
+/// own, and no error (as for the kernel's scrub).
+#[test]
+fn superblock_copies_past_the_filesystem_are_not_counted() {
+    require_privileged!();
+    let t = TestDir::new("scrub-grown").unwrap();
+    let img = t.join("grown.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(300 << 30)
+        .unwrap();
+    let out = Command::new("mkfs.btrfs")
+        .args(["-q", "-f", "-b", "200G"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", show(&out));
+    let devices = vec![img];
+    for args in [&["-r"][..], &[][..]] {
+        let out = scrub(args, &devices);
+        assert!(
+            out.status.success() && show(&out).contains("no errors found"),
+            "{}",
+            show(&out)
+        );
+    }
 }

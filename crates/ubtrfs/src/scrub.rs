@@ -272,8 +272,17 @@ impl Filesystem {
             .unwrap_or_else(|e| e.into_inner());
         let mut bad = Vec::new();
         for (devid, dev) in self.tree_reader().volume().devices.iter() {
+            // Copies lie only inside the filesystem's part of the device
+            // (its device item's size), as commits write them.
+            let fs_size = self
+                .chunk_tree()
+                .get(&Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, devid))
+                .ok()
+                .flatten()
+                .and_then(|it| u64_at(it.data(), 8))
+                .unwrap_or(u64::MAX);
             for (i, &at) in SUPER_OFFSETS.iter().enumerate() {
-                if at + SUPER_SIZE as u64 > dev.size() {
+                if at + SUPER_SIZE as u64 > dev.size().min(fs_size) {
                     break;
                 }
                 let mut buf = vec![0u8; SUPER_SIZE];

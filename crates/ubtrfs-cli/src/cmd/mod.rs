@@ -39,69 +39,107 @@ pub fn refuse_mounted(devices: &[PathBuf]) -> Result<()> {
 /// holds (mounted, or part of a mounted btrfs), or an image file behind a
 /// loop device it holds. Loop devices are matched by the backing file's
 /// device and inode numbers, so a hard link, a bind mount or another path
-/// to the same file is found too.
+/// to the same file is found too, and so is another loop device on the
+/// same file when a loop device is given.
 pub fn mounted(dev: &Path) -> Option<String> {
     let meta = std::fs::metadata(dev).ok()?;
-    let blocks: Vec<PathBuf> = if meta.file_type().is_block_device() {
-        vec![std::fs::canonicalize(dev).ok()?]
+    let mut blocks: Vec<PathBuf> = Vec::new();
+    let backing = if meta.file_type().is_block_device() {
+        let canon = std::fs::canonicalize(dev).ok()?;
+        let backing = canon
+            .file_name()
+            .and_then(|n| loop_backing(&n.to_string_lossy()));
+        blocks.push(canon);
+        backing
     } else {
-        loops_backed_by(meta.dev(), meta.ino())
+        Some((meta.dev(), meta.ino()))
     };
+    if let Some((st_dev, ino)) = backing {
+        blocks.extend(loops_backed_by(st_dev, ino));
+    }
     blocks
         .into_iter()
         .find(|b| held_by_kernel(b))
         .map(|b| describe_holder(&b))
 }
 
-/// The loop devices whose backing file is inode `ino` of device `st_dev`.
-fn loops_backed_by(st_dev: u64, ino: u64) -> Vec<PathBuf> {
+/// The (device, inode) numbers of the file behind loop device `name`
+/// (`loop3`), if it is one: from `LOOP_GET_STATUS64`, or, where the
+/// device cannot be opened (not root), from the path sysfs shows.
+fn loop_backing(name: &str) -> Option<(u64, u64)> {
     /// `LOOP_GET_STATUS64`, and the size of its `struct loop_info64`.
     const LOOP_GET_STATUS64: libc::c_ulong = 0x4c05;
     const INFO_SIZE: usize = 232;
+    if !name.starts_with("loop") {
+        return None;
+    }
+    if let Ok(f) = std::fs::File::open(Path::new("/dev").join(name)) {
+        let mut info = [0u8; INFO_SIZE];
+        // SAFETY: the ioctl fills a loop_info64, which is INFO_SIZE bytes.
+        let rc = unsafe {
+            libc::ioctl(
+                std::os::fd::AsRawFd::as_raw_fd(&f),
+                LOOP_GET_STATUS64,
+                info.as_mut_ptr(),
+            )
+        };
+        if rc != 0 {
+            return None;
+        }
+        let word = |at: usize| u64::from_le_bytes(info[at..at + 8].try_into().unwrap_or_default());
+        // lo_device is in the kernel's own encoding of device numbers.
+        let d = word(0);
+        let (major, minor) = ((d & 0xfff00) >> 8, (d & 0xff) | ((d >> 12) & 0xfff00));
+        return Some((libc::makedev(major as u32, minor as u32), word(8)));
+    }
+    let path = std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).ok()?;
+    let meta = std::fs::metadata(path.trim_end()).ok()?;
+    Some((meta.dev(), meta.ino()))
+}
+
+/// The loop devices whose backing file is inode `ino` of device `st_dev`.
+fn loops_backed_by(st_dev: u64, ino: u64) -> Vec<PathBuf> {
     let Ok(dir) = std::fs::read_dir("/sys/block") else {
         return Vec::new();
     };
-    let (major, minor) = (libc::major(st_dev), libc::minor(st_dev));
     dir.flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("loop"))
+        .filter(|n| loop_backing(n) == Some((st_dev, ino)))
         .map(|n| Path::new("/dev").join(n))
-        .filter(|p| {
-            let Ok(f) = std::fs::File::open(p) else {
-                return false;
-            };
-            let mut info = [0u8; INFO_SIZE];
-            // SAFETY: the ioctl fills a loop_info64, which is INFO_SIZE bytes.
-            let rc = unsafe {
-                libc::ioctl(
-                    std::os::fd::AsRawFd::as_raw_fd(&f),
-                    LOOP_GET_STATUS64,
-                    info.as_mut_ptr(),
-                )
-            };
-            let word =
-                |at: usize| u64::from_le_bytes(info[at..at + 8].try_into().unwrap_or_default());
-            // lo_device is in the kernel's own encoding of device numbers.
-            let (d, i) = (word(0), word(8));
-            let (d_major, d_minor) = ((d & 0xfff00) >> 8, (d & 0xff) | ((d >> 12) & 0xfff00));
-            rc == 0 && i == ino && d_major == u64::from(major) && d_minor == u64::from(minor)
-        })
         .collect()
 }
 
-/// Whether the kernel holds block device `b` (an exclusive open fails
-/// with EBUSY: it is mounted, or part of a mounted btrfs).
+/// Whether the kernel holds block device `b`: an exclusive open fails with
+/// EBUSY (it is mounted, or part of a mounted btrfs); where it cannot be
+/// opened at all (not root), whether sysfs shows holders of it, a mount
+/// of it, or a mounted btrfs with it.
 fn held_by_kernel(b: &Path) -> bool {
     use std::os::unix::fs::OpenOptionsExt;
     let opened = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_EXCL)
         .open(b);
-    matches!(opened, Err(e) if e.raw_os_error() == Some(libc::EBUSY))
+    match opened {
+        Ok(_) => false,
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => true,
+        Err(_) => {
+            let name = b
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let holders = std::fs::read_dir(format!("/sys/block/{name}/holders"))
+                .is_ok_and(|mut d| d.next().is_some());
+            let in_btrfs = std::fs::read_dir("/sys/fs/btrfs").is_ok_and(|fss| {
+                fss.flatten()
+                    .any(|fs| fs.path().join("devices").join(&name).exists())
+            });
+            holders || in_btrfs || mount_of(b).is_some()
+        }
+    }
 }
 
-/// Where block device `b` is mounted, or that the kernel holds it.
-fn describe_holder(b: &Path) -> String {
+/// Where block device `b` is mounted, if it is.
+fn mount_of(b: &Path) -> Option<String> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     for line in info.lines() {
         let mut parts = line.split(" - ");
@@ -112,13 +150,21 @@ fn describe_holder(b: &Path) -> String {
         let target = head.split(' ').nth(4).unwrap_or("?");
         // Only a path names a device ("tmpfs", "proc" do not).
         if source.starts_with('/') && std::fs::canonicalize(source).is_ok_and(|s| s == b) {
-            return format!("as {}, on {target}", b.display());
+            return Some(target.to_string());
         }
     }
-    format!(
-        "as {}, which the kernel holds: part of a mounted btrfs?",
-        b.display()
-    )
+    None
+}
+
+/// Where block device `b` is mounted, or that the kernel holds it.
+fn describe_holder(b: &Path) -> String {
+    match mount_of(b) {
+        Some(target) => format!("as {}, on {target}", b.display()),
+        None => format!(
+            "as {}, which the kernel holds: part of a mounted btrfs?",
+            b.display()
+        ),
+    }
 }
 
 /// Open the filesystem made of `devices` for writing and print the

@@ -114,6 +114,15 @@ fn btrfs_check(devices: &[PathBuf]) {
     testkit::corpus::btrfs_check(&image).unwrap_or_else(|e| panic!("{e:#}"));
 }
 
+/// The scrub succeeded and found nothing wrong.
+fn assert_clean(out: &Output) {
+    let said = show(out);
+    assert!(
+        out.status.success() && said.contains("no errors found"),
+        "{said}"
+    );
+}
+
 fn scrub(args: &[&str], devices: &[PathBuf]) -> Output {
     let mut all: Vec<String> = vec!["scrub".into(), "--quiet".into()];
     all.extend(args.iter().map(|s| s.to_string()));
@@ -167,12 +176,7 @@ fn scrub_mends(profile: &str, ndev: usize, mirrored: bool) {
     require_privileged!();
     let t = TestDir::new(&format!("scrub-{profile}")).unwrap();
     let devices = make(&t, profile, ndev);
-    let clean = scrub(&["-r"], &devices);
-    assert!(
-        clean.status.success() && show(&clean).contains("no errors found"),
-        "{}",
-        show(&clean)
-    );
+    assert_clean(&scrub(&["-r"], &devices));
 
     // Two leaves and two data sectors, each with one copy damaged.
     let (data, leaf_a, leaf_b) = targets(&devices);
@@ -200,12 +204,7 @@ fn scrub_mends(profile: &str, ndev: usize, mirrored: bool) {
     let said = show(&mended);
     assert!(mended.status.success(), "{said}");
     assert!(said.contains("corrected: 4, uncorrectable: 0"), "{said}");
-    let again = scrub(&["-r"], &devices);
-    assert!(
-        again.status.success() && show(&again).contains("no errors found"),
-        "{}",
-        show(&again)
-    );
+    assert_clean(&scrub(&["-r"], &devices));
     btrfs_check(&devices);
     kernel_scrub_is_clean(&devices, &t.join("kernel"));
 
@@ -274,12 +273,7 @@ fn a_device_that_missed_writes_is_brought_up_to_date() {
         mended.status.success() && said.contains("uncorrectable: 0"),
         "{said}"
     );
-    let again = scrub(&["-r"], &devices);
-    assert!(
-        again.status.success() && show(&again).contains("no errors found"),
-        "{}",
-        show(&again)
-    );
+    assert_clean(&scrub(&["-r"], &devices));
     btrfs_check(&devices);
     kernel_scrub_is_clean(&devices, &t.join("kernel"));
     // Each device alone holds everything now.
@@ -417,12 +411,7 @@ fn a_mount_is_scrubbed_between_its_other_work() {
         mended.status.success() && said.contains("corrected: 3, uncorrectable: 0"),
         "{said}"
     );
-    let again = on_mount(&["-r"]);
-    assert!(
-        again.status.success() && show(&again).contains("no errors found"),
-        "{}",
-        show(&again)
-    );
+    assert_clean(&on_mount(&["-r"]));
     m.unmount().unwrap();
     btrfs_check(&devices);
     kernel_scrub_is_clean(&devices, &t.join("kernel"));
@@ -448,11 +437,6 @@ fn superblock_copies_past_the_filesystem_are_not_counted() {
     assert!(out.status.success(), "{}", show(&out));
     let devices = vec![img];
     for args in [&["-r"][..], &[][..]] {
-        let out = scrub(args, &devices);
-        assert!(
-            out.status.success() && show(&out).contains("no errors found"),
-            "{}",
-            show(&out)
-        );
+        assert_clean(&scrub(args, &devices));
     }
 }

@@ -15,6 +15,7 @@
 //! mended by a commit, which writes every copy again.
 
 use crate::Result;
+use crate::alloc::extent_tree::tree_block_item;
 use crate::format::Key;
 use crate::format::consts::*;
 use crate::format::node::{Expect, Node};
@@ -319,22 +320,10 @@ impl Filesystem {
             let item = item?;
             let key = item.key();
             cursor.next = key_after(key);
-            // The generation the block was written in (the item's second
-            // field, skinny or not): an older block at the same place, a
-            // stale copy, is bad even with a good checksum.
-            let generation = u64_at(item.data(), 8);
-            let level = match key.item_type {
-                METADATA_ITEM_KEY => key.offset,
-                EXTENT_ITEM_KEY => {
-                    let data = item.data();
-                    let flags = u64_at(data, 16).unwrap_or(0);
-                    if flags & EXTENT_FLAG_TREE_BLOCK == 0 {
-                        continue;
-                    }
-                    // The tree block info after the item: a key, then the level.
-                    data.get(24 + 17).copied().map_or(u64::MAX, u64::from)
-                }
-                _ => continue,
+            // The generation the block was written in: an older block at
+            // the same place, a stale copy, is bad even with a good checksum.
+            let Some((level, generation)) = tree_block_item(key, item.data()) else {
+                continue;
             };
             let bytenr = key.objectid;
             // Blocks of the running transaction are not on disk yet.
@@ -344,7 +333,7 @@ impl Filesystem {
             let expect = Expect {
                 bytenr,
                 generation,
-                level: u8::try_from(level).ok(),
+                level,
                 first_key: None,
             };
             self.scrub_tree_block(&expect, nodesize, repair, report)?;
@@ -482,20 +471,19 @@ impl Filesystem {
         let csum_size = self.geometry().csum_size;
         let sector = self.geometry().sectorsize as usize;
         let want = |s: usize| &expected[s * csum_size..(s + 1) * csum_size];
-        let parity = is_parity(volume, logical)?;
         // Per copy: its bytes, and which sectors could not be read.
-        let mut copies: Vec<Option<(Vec<u8>, Vec<bool>)>> = Vec::new();
+        type Copy = Option<(Vec<u8>, Vec<bool>)>;
+        let good = |c: &Copy, s: usize| {
+            c.as_ref().is_some_and(|(b, unread)| {
+                !unread[s] && csum_type.verify(&b[s * sector..(s + 1) * sector], want(s))
+            })
+        };
+        let parity = is_parity(volume, logical)?;
+        let mut copies: Vec<Copy> = Vec::new();
         for mirror in 0..volume.num_copies(logical)? {
             // In RAID5/6 the rebuilds from parity are read only to mend
             // data that reads bad.
-            if parity
-                && mirror > 0
-                && copies[0].as_ref().is_some_and(|(b, unread)| {
-                    (0..n).all(|s| {
-                        !unread[s] && csum_type.verify(&b[s * sector..(s + 1) * sector], want(s))
-                    })
-                })
-            {
+            if parity && mirror > 0 && (0..n).all(|s| good(&copies[0], s)) {
                 break;
             }
             if !volume.copy_present(logical, mirror) {
@@ -514,14 +502,9 @@ impl Filesystem {
             copies.push(Some((buf, unread)));
         }
         for s in 0..n {
-            let good_as_read = |c: &Option<(Vec<u8>, Vec<bool>)>| {
-                c.as_ref().is_some_and(|(b, unread)| {
-                    !unread[s] && csum_type.verify(&b[s * sector..(s + 1) * sector], want(s))
-                })
-            };
             // In RAID5/6 a rebuild of a good sector is not checked: it
             // leans on its row's other sectors, checked on their own.
-            let considered = if parity && good_as_read(&copies[0]) {
+            let considered = if parity && good(&copies[0], s) {
                 &copies[..1]
             } else {
                 &copies[..]
@@ -530,18 +513,16 @@ impl Filesystem {
                 .iter()
                 .map(|c| match c {
                     None => CopyRead::Missing,
-                    Some((_, unread)) if unread[s] => {
-                        report.read_errors += 1;
-                        CopyRead::Bad
+                    Some((b, _)) if good(c, s) => {
+                        CopyRead::Good(b[s * sector..(s + 1) * sector].to_vec())
                     }
-                    Some((b, _)) => {
-                        let part = &b[s * sector..(s + 1) * sector];
-                        if csum_type.verify(part, want(s)) {
-                            CopyRead::Good(part.to_vec())
+                    Some((_, unread)) => {
+                        if unread[s] {
+                            report.read_errors += 1;
                         } else {
                             report.csum_errors += 1;
-                            CopyRead::Bad
                         }
+                        CopyRead::Bad
                     }
                 })
                 .collect();

@@ -157,6 +157,22 @@ fn encode_owner(o: &DataOwner, out: &mut Vec<u8>) {
     out.extend_from_slice(&o.offset.to_le_bytes());
 }
 
+/// For an extent tree item `key`/`data` that records a tree block (a
+/// skinny METADATA_ITEM, or an EXTENT_ITEM flagged as a tree block): the
+/// block's level, where the item has it, and the generation it was
+/// written in. `None` for any other item.
+pub(crate) fn tree_block_item(key: Key, data: &[u8]) -> Option<(Option<u8>, Option<u64>)> {
+    let generation = le::u64(data, 8).ok();
+    match key.item_type {
+        METADATA_ITEM_KEY => Some((u8::try_from(key.offset).ok(), generation)),
+        EXTENT_ITEM_KEY if le::u64(data, 16).is_ok_and(|f| f & EXTENT_FLAG_TREE_BLOCK != 0) => {
+            // The tree block info after the item: a key, then the level.
+            Some((le::u8(data, 24 + TREE_BLOCK_INFO - 1).ok(), generation))
+        }
+        _ => None,
+    }
+}
+
 /// A decoded extent item.
 struct ExtentItem {
     refs: u64,

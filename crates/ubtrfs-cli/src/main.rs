@@ -40,9 +40,13 @@ enum Command {
     Umount(cmd::umount::Args),
     /// Write back and commit a ubtrfs FUSE mount (`btrfs filesystem sync`).
     Sync(cmd::sync::Args),
-    /// Check every copy of the metadata and checksummed data of an
-    /// unmounted filesystem, and mend bad copies from good ones.
+    /// Check every copy of the metadata and checksummed data of a
+    /// filesystem (unmounted, or a ubtrfs mount), and mend bad copies from
+    /// good ones.
     Scrub(cmd::scrub::Args),
+    /// Check that an unmounted filesystem's trees agree with one another
+    /// (`btrfs check --readonly`).
+    Check(cmd::check::Args),
     /// Make a new filesystem on one or more devices or image files.
     Mkfs(Box<cmd::mkfs::Args>),
     /// Look at on-disk structures.
@@ -70,6 +74,7 @@ fn main() -> ExitCode {
         Command::Umount(args) => cmd::umount::run(args),
         Command::Sync(args) => cmd::sync::run(args),
         Command::Scrub(args) => cmd::scrub::run(args),
+        Command::Check(args) => cmd::check::run(args),
         Command::Mkfs(args) => cmd::mkfs::run(*args),
         Command::Inspect(command) => cmd::inspect::run(command),
         Command::Subvolume(command) => cmd::subvolume::run(command),

@@ -14,6 +14,7 @@
 //! ```
 
 pub mod alloc;
+pub mod check;
 pub mod csum_tree;
 pub mod data;
 pub mod device;

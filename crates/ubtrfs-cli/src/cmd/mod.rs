@@ -2,6 +2,7 @@
 //! devices are named on the command line and how a filesystem is opened.
 
 pub mod cat;
+pub mod check;
 pub mod dump_tree;
 pub mod filesystem;
 pub mod inspect;

@@ -276,9 +276,19 @@ pub fn new_image(t: &TestDir, name: &str, size: u64) -> PathBuf {
     img
 }
 
-/// `btrfs check --readonly` of a single-device image must find no error.
+/// `btrfs check --readonly` of a single-device image must find no error,
+/// and neither must `ubtrfs check`.
 pub fn check_image(img: &Path) {
     if let Err(e) = run(command("btrfs").args(["check", "--readonly"]).arg(img)) {
         panic!("btrfs check {}: {e:#}", img.display());
     }
+    let out = ubtrfs([OsStr::new("check"), OsStr::new("-q"), img.as_os_str()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("no errors found"),
+        "ubtrfs check {} ({}), where btrfs check found nothing:\n{text}{}",
+        img.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -59,8 +59,8 @@ fn max_extent_item(nodesize: u64) -> usize {
 }
 
 /// A reference of any kind.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum AnyRef {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum AnyRef {
     Block(BlockRef),
     Data(DataRef),
 }
@@ -92,7 +92,7 @@ impl AnyRef {
         }
     }
 
-    fn describe(self) -> String {
+    pub(crate) fn describe(self) -> String {
         match self {
             AnyRef::Block(BlockRef::Root(r)) => format!("tree block ref of root {r}"),
             AnyRef::Block(BlockRef::Parent(p)) => format!("shared block ref of parent {p}"),
@@ -107,7 +107,7 @@ impl AnyRef {
 
 /// One inline reference of an extent item, with its count.
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum Inline {
+pub(crate) enum Inline {
     Ref(AnyRef, u32),
     /// Any other kind (simple-quota owner refs), kept as raw bytes.
     Other(u8, Vec<u8>),
@@ -174,18 +174,18 @@ pub(crate) fn tree_block_item(key: Key, data: &[u8]) -> Option<(Option<u8>, Opti
 }
 
 /// A decoded extent item.
-struct ExtentItem {
-    refs: u64,
-    generation: u64,
-    flags: u64,
+pub(crate) struct ExtentItem {
+    pub(crate) refs: u64,
+    pub(crate) generation: u64,
+    pub(crate) flags: u64,
     /// tree_block_info of a non-skinny tree block item, raw.
-    info: Option<Vec<u8>>,
-    inline: Vec<Inline>,
+    pub(crate) info: Option<Vec<u8>>,
+    pub(crate) inline: Vec<Inline>,
 }
 
 impl ExtentItem {
     /// Decode an item; `with_info` for an EXTENT_ITEM of a tree block.
-    fn parse(b: &[u8], key_type: u8) -> Result<Self> {
+    pub(crate) fn parse(b: &[u8], key_type: u8) -> Result<Self> {
         let flags = le::u64(b, 16)?;
         let mut off = 24;
         let info = if key_type == EXTENT_ITEM_KEY && flags & EXTENT_FLAG_TREE_BLOCK != 0 {

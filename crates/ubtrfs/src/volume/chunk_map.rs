@@ -143,7 +143,7 @@ impl Chunk {
 
     /// Bytes each stripe of a chunk spans on its device (an upper bound for
     /// striped profiles: whole stripe rows).
-    fn stripe_span(profile: Profile, item: &ChunkItem, n: u64) -> Option<u64> {
+    pub(crate) fn stripe_span(profile: Profile, item: &ChunkItem, n: u64) -> Option<u64> {
         let data = match profile {
             Profile::Single
             | Profile::Dup

@@ -143,6 +143,11 @@ fn every_cut_shows_the_last_commit() {
         replay(&mut image, &extra_ops);
         std::fs::write(&work, &image).unwrap();
         testkit::btrfs_check_file(&work, &[]).unwrap();
+        let report = Filesystem::open_without_log_replay(&[&work])
+            .unwrap()
+            .check(&mut |_| {})
+            .unwrap();
+        assert!(report.clean(), "cut {n}: {report}");
         let fs = Filesystem::open(&[&work]).unwrap();
         let k = (fs.superblock().generation - base_gen) as usize;
         assert!(k < states.len(), "generation beyond the workload");

@@ -382,6 +382,12 @@ fn fsyncs_survive(
         std::fs::write(&work, &image).unwrap();
         // btrfs-progs reads the cut as it is, its log tree included.
         testkit::btrfs_check_file(&work, &[]).unwrap();
+        // So does ubtrfs check: the last commit, the log left alone.
+        let report = ubtrfs::fs::Filesystem::open_without_log_replay(&[&work])
+            .unwrap()
+            .check(&mut |_| {})
+            .unwrap();
+        assert!(report.clean(), "{name}: cut {n}: {report}");
         // The files fsync'd by the cut, with the index of that state.
         let due: Vec<(usize, usize)> = synced
             .iter()

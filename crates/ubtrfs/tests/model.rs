@@ -1143,11 +1143,21 @@ fn btrfs_check_devices(imgs: &[PathBuf]) -> Result<(), String> {
         }
         text
     };
-    if !text.contains("ERROR") && !text.contains("error(s) found") {
-        Ok(())
-    } else {
-        Err(text)
+    if text.contains("ERROR") || text.contains("error(s) found") {
+        return Err(text);
     }
+    // ubtrfs' own check must agree with btrfs check's verdict.
+    let fs =
+        Filesystem::open_without_log_replay(imgs).map_err(|e| format!("open for check: {e}"))?;
+    let report = fs
+        .check(&mut |_| {})
+        .map_err(|e| format!("ubtrfs check: {e}"))?;
+    if !report.clean() {
+        return Err(format!(
+            "ubtrfs check, where btrfs check found nothing:\n{report}"
+        ));
+    }
+    Ok(())
 }
 
 struct Run<'a> {

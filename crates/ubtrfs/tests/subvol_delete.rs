@@ -35,6 +35,11 @@ fn check(img: &Path, when: &str) {
     if let Err(e) = testkit::btrfs_check_file(img, &[]) {
         panic!("{when}: {e:#}");
     }
+    let report = Filesystem::open_without_log_replay(&[img])
+        .unwrap()
+        .check(&mut |_| {})
+        .unwrap();
+    assert!(report.clean(), "{when}: ubtrfs check: {report}");
 }
 
 use testkit::compare::dir_contents as tree;

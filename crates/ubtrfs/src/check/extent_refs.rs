@@ -409,7 +409,9 @@ impl Walk<'_> {
                     add_found(ex, disk_bytenr, AnyRef::Data(r));
                 }
             } else {
-                for slot in 0..node.nritems() {
+                // Pushed last first, so the walk goes in key order (and
+                // mostly in disk order).
+                for slot in (0..node.nritems()).rev() {
                     let ptr = node.key_ptr(slot);
                     let r = if full_backref {
                         BlockRef::Parent(bytenr)
@@ -534,13 +536,17 @@ fn block_group_usage(fs: &Filesystem, ex: &Extents, report: &mut CheckReport) ->
         }
     };
     let mut used: BTreeMap<u64, u64> = groups.iter().map(|g| (g.start, 0)).collect();
+    let by_start: BTreeMap<u64, &crate::alloc::BlockGroup> =
+        groups.iter().map(|g| (g.start, g)).collect();
     for (&bytenr, rec) in &ex.records {
         if rec.refs == u64::MAX {
             continue;
         }
-        let g = groups
-            .iter()
-            .find(|g| g.start <= bytenr && bytenr < g.start + g.len);
+        let g = by_start
+            .range(..=bytenr)
+            .next_back()
+            .map(|(_, g)| *g)
+            .filter(|g| bytenr < g.start + g.len);
         let Some(g) = g else {
             report.problem(
                 CheckArea::BlockGroups,

@@ -124,6 +124,16 @@ impl CheckReport {
     }
 }
 
+/// The problems, a line each, and how many there were in all.
+impl std::fmt::Display for CheckReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for p in &self.problems {
+            writeln!(f, "{p}")?;
+        }
+        write!(f, "{} problems found", self.problem_count)
+    }
+}
+
 /// The parts of a check, in the order they run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CheckStage {

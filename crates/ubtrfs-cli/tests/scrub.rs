@@ -95,11 +95,26 @@ fn targets(devices: &[PathBuf]) -> (u64, u64, u64) {
         .leaves(Key::new(0, 0, 0), Key::new(u64::MAX, u8::MAX, u64::MAX))
         .unwrap();
     assert!(leaves.len() >= 2, "the tree has {} leaves", leaves.len());
-    (
-        data,
-        leaves[0].header.bytenr,
-        leaves[leaves.len() - 1].header.bytenr,
-    )
+    // In RAID5/6 the two leaves must be in different stripe rows: two
+    // damaged columns of one RAID5 row cannot both be rebuilt.
+    let chunks = &fs.tree_reader().volume().chunks;
+    let row = |b: u64| {
+        let c = chunks.lookup(b).unwrap();
+        let parity = c.profile.parity_stripes();
+        if parity == 0 {
+            return (b, 0);
+        }
+        let data = c.item.stripes.len() as u64 - parity;
+        (c.logical, (b - c.logical) / (c.item.stripe_len * data))
+    };
+    let first = leaves[0].header.bytenr;
+    let last = leaves
+        .iter()
+        .rev()
+        .map(|l| l.header.bytenr)
+        .find(|&b| row(b) != row(first))
+        .expect("a leaf in another stripe row");
+    (data, first, last)
 }
 
 /// `btrfs check` of the filesystem on all of `devices`.

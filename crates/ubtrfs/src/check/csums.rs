@@ -85,11 +85,11 @@ pub(super) fn check(
 
 /// Report the parts of `[start, start + len)` that no data extent holds.
 fn orphan_sums(ex: &Extents, start: u64, len: u64, report: &mut CheckReport) {
-    let end = start + len;
+    let end = start.saturating_add(len);
     let mut at = start;
     while at < end {
         match ex.data_extent_at(at) {
-            Some((s, l)) => at = (s + l).min(end),
+            Some((s, l)) => at = s.saturating_add(l).min(end),
             None => {
                 // Up to the next data extent, or the end.
                 let next = ex
@@ -109,16 +109,16 @@ fn orphan_sums(ex: &Extents, start: u64, len: u64, report: &mut CheckReport) {
 
 /// The first run of `[start, start + len)` missing from `set`.
 fn first_gap(set: &RangeSet, start: u64, len: u64) -> (u64, u64) {
-    let end = start + len;
+    let end = start.saturating_add(len);
     let mut at = start;
     for (s, l) in set.iter() {
-        if s + l <= at {
+        if s.saturating_add(l) <= at {
             continue;
         }
         if s > at {
             return (at, s.min(end) - at);
         }
-        at = s + l;
+        at = s.saturating_add(l);
         if at >= end {
             break;
         }

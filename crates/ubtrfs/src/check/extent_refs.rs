@@ -59,7 +59,7 @@ impl Extents {
             .range(..=addr)
             .rev()
             .find(|(_, r)| r.refs != u64::MAX)
-            .filter(|(s, r)| !r.tree_block && addr < **s + r.len)
+            .filter(|(s, r)| !r.tree_block && addr < s.saturating_add(r.len))
             .map(|(s, r)| (*s, r.len))
     }
 }
@@ -457,7 +457,7 @@ fn compare(ex: &Extents, report: &mut CheckReport) {
             // No extent item: only found references made this record.
             for (r, n) in &rec.found {
                 let what = match ex.records.range(..bytenr).next_back() {
-                    Some((s, p)) if p.refs != u64::MAX && bytenr < s + p.len => {
+                    Some((s, p)) if p.refs != u64::MAX && bytenr < s.saturating_add(p.len) => {
                         format!(" (it points into extent {s}+{})", p.len)
                     }
                     _ => String::new(),

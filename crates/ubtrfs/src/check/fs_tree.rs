@@ -321,7 +321,7 @@ impl TreePass {
                         let (start, len) = if fe.compression != 0 {
                             (*disk_bytenr, *disk_num_bytes)
                         } else {
-                            (disk_bytenr + offset, *num_bytes)
+                            (disk_bytenr.saturating_add(*offset), *num_bytes)
                         };
                         needs.entry(start).or_insert_with(|| {
                             (

@@ -258,6 +258,87 @@ fn scrub_mends_raid5_from_parity() {
     scrub_mends("raid5", 3, false);
 }
 
+/// RAID5 and RAID6 parity that is not its data's, in two rows holding the
+/// file's data (P of one, and P or Q of the next): `-r` finds exactly
+/// those two rows and changes nothing; a scrub rewrites their parity from
+/// the data, byte for byte what the kernel had written there, after which
+/// the kernel's scrub finds nothing.
+#[test]
+fn scrub_mends_raid56_parity() {
+    require_privileged!();
+    for (profile, ndev) in [("raid5", 3usize), ("raid6", 4)] {
+        let t = TestDir::new(&format!("scrub-parity-{profile}")).unwrap();
+        let devices = make(&t, profile, ndev);
+        assert_clean(&scrub(&["-r"], &devices));
+        let (data, _, _) = targets(&devices);
+        let mut damaged = Vec::new();
+        {
+            let fs = Filesystem::open(&devices).unwrap();
+            let volume = fs.tree_reader().volume();
+            let c = volume.chunks.lookup(data).unwrap();
+            let n = c.item.stripes.len() as u64;
+            let ndata = n - c.profile.parity_stripes();
+            let sl = c.item.stripe_len;
+            let row = (data - c.logical) / (ndata * sl);
+            // P of the row, then the last parity stripe (Q in RAID6) of
+            // the next: the file's 1 MiB spans both.
+            for (r, idx) in [(row, ndata), (row + 1, n - 1)] {
+                let s = &c.item.stripes[((idx + r) % n) as usize];
+                let path = volume.devices.get(s.devid).unwrap().path().to_path_buf();
+                let at = s.offset + r * sl;
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&path)
+                    .unwrap();
+                let mut was = vec![0u8; sl as usize];
+                f.read_exact_at(&mut was, at).unwrap();
+                let mut bad = was.clone();
+                bad[100] ^= 0xff;
+                bad[5000] ^= 0x0f;
+                f.write_all_at(&bad, at).unwrap();
+                damaged.push((path, at, was));
+            }
+        }
+        let before = digest(&devices);
+        let found = scrub(&["-r"], &devices);
+        let said = show(&found);
+        assert!(!found.status.success(), "{profile}: {said}");
+        assert!(
+            said.contains("errors: tree block 0, data checksum 0, read 0, superblock 0, parity 2")
+                && said.contains("corrected: 0, uncorrectable: 0"),
+            "{profile}: {said}"
+        );
+        assert!(
+            digest(&devices) == before,
+            "{profile}: scrub -r changed the devices"
+        );
+
+        let mended = scrub(&[], &devices);
+        let said = show(&mended);
+        assert!(mended.status.success(), "{profile}: {said}");
+        assert!(
+            said.contains("corrected: 2, uncorrectable: 0"),
+            "{profile}: {said}"
+        );
+        for (path, at, was) in &damaged {
+            let mut now = vec![0u8; was.len()];
+            std::fs::File::open(path)
+                .unwrap()
+                .read_exact_at(&mut now, *at)
+                .unwrap();
+            assert!(
+                now == *was,
+                "{profile}: parity at {at} of {} is not the kernel's",
+                path.display()
+            );
+        }
+        assert_clean(&scrub(&["-r"], &devices));
+        btrfs_check(&devices);
+        kernel_scrub_is_clean(&devices, &t.join("kernel"));
+    }
+}
+
 /// A RAID1 filesystem mounted degraded, one device missing, while files
 /// were written: that device's copies of tree blocks, data and
 /// superblocks are older than the others'. Scrub finds them (good

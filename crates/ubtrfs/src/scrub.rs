@@ -10,8 +10,10 @@
 //! its extent item records (a device that missed writes holds older
 //! blocks with good checksums). In RAID5/6 the data is checked as it
 //! reads, and a sector that is bad there is rebuilt from parity and
-//! written back (data and parity); parity itself is not checked.
-//! Superblock copies must have the last commit's generation; bad ones are
+//! written back (data and parity). Then the parity of every RAID5/6
+//! row that holds an extent is read and compared with its data's; wrong
+//! parity is rewritten from the data once the data is known good (its
+//! checksums, its tree blocks). Superblock copies must have the last commit's generation; bad ones are
 //! mended by a commit, which writes every copy again.
 
 use crate::Result;
@@ -22,7 +24,7 @@ use crate::format::node::{Expect, Node};
 use crate::format::superblock::Superblock;
 use crate::fs::Filesystem;
 use crate::transaction::Writer;
-use crate::volume::{Profile, Volume};
+use crate::volume::{Profile, RowParity, Volume};
 
 /// Data sectors read per copy at once.
 const DATA_BATCH: usize = 64;
@@ -50,6 +52,10 @@ pub struct ScrubReport {
     pub missing_copies: u64,
     /// Superblock copies that failed verification.
     pub super_errors: u64,
+    /// RAID5/6 rows whose parity was not their data's.
+    pub parity_errors: u64,
+    /// Bytes of RAID5/6 rows whose parity was checked (data stripes).
+    pub parity_bytes: u64,
     /// Bad copies written over with a good one.
     pub corrected: u64,
     /// Blocks and sectors with no good copy at all.
@@ -61,7 +67,12 @@ pub struct ScrubReport {
 impl ScrubReport {
     /// Whether every copy checked was good.
     pub fn clean(&self) -> bool {
-        self.tree_errors + self.csum_errors + self.read_errors + self.super_errors == 0
+        self.tree_errors
+            + self.csum_errors
+            + self.read_errors
+            + self.super_errors
+            + self.parity_errors
+            == 0
     }
 
     /// Add the counts of `other` (a later step) to these.
@@ -74,6 +85,8 @@ impl ScrubReport {
         self.read_errors += other.read_errors;
         self.missing_copies += other.missing_copies;
         self.super_errors += other.super_errors;
+        self.parity_errors += other.parity_errors;
+        self.parity_bytes += other.parity_bytes;
         self.corrected += other.corrected;
         self.uncorrectable += other.uncorrectable;
         for at in &other.uncorrectable_at {
@@ -104,6 +117,9 @@ pub enum ScrubPhase {
     TreeBlocks,
     /// Checksummed data, in the checksum tree's order.
     Data,
+    /// The parity of RAID5/6 rows, in address order: after the data, so
+    /// that parity is rewritten only from data already mended.
+    Parity,
     /// The superblock copies: last, so that a commit mending them comes
     /// after the blocks a device missed are mended.
     Supers,
@@ -227,6 +243,7 @@ impl Filesystem {
             }
             ScrubPhase::TreeBlocks => self.scrub_tree_blocks(cursor, repair, budget, report)?,
             ScrubPhase::Data => self.scrub_data(cursor, repair, budget, report)?,
+            ScrubPhase::Parity => self.scrub_parity(cursor, repair, budget, report)?,
             ScrubPhase::Done => {}
         }
         if report.corrected > before {
@@ -410,7 +427,7 @@ impl Filesystem {
         report: &mut ScrubReport,
     ) -> Result<()> {
         let finished = ScrubCursor {
-            phase: ScrubPhase::Supers,
+            phase: ScrubPhase::Parity,
             next: Key::new(0, 0, 0),
         };
         let Some(root) = self.root_ptr(CSUM_TREE_OBJECTID)? else {
@@ -530,6 +547,165 @@ impl Filesystem {
             self.mend(at, &reads, repair, report, format!("data sector {at}"))?;
         }
         Ok(())
+    }
+
+    /// The parity of the RAID5/6 rows holding an extent, from the row at
+    /// `cursor.next.objectid` (a logical address) on.
+    fn scrub_parity(
+        &self,
+        cursor: &mut ScrubCursor,
+        repair: bool,
+        budget: u64,
+        report: &mut ScrubReport,
+    ) -> Result<()> {
+        let volume = self.tree_reader().volume();
+        let from = cursor.next.objectid;
+        let mut chunks: Vec<_> = volume
+            .chunks
+            .all()
+            .into_iter()
+            .filter(|c| c.profile.parity_stripes() > 0 && c.end() > from)
+            .collect();
+        chunks.sort_by_key(|c| c.logical);
+        let mut spent = 0u64;
+        for c in chunks {
+            let data = c.item.stripes.len() as u64 - c.profile.parity_stripes();
+            let row_len = data * c.item.stripe_len;
+            for row in self.rows_in_use(&c, from.max(c.logical), row_len)? {
+                if spent >= budget {
+                    cursor.next = Key::new(c.logical + row * row_len, 0, 0);
+                    return Ok(());
+                }
+                let start = c.logical + row * row_len;
+                let mut verify = |stripes: &[Vec<u8>]| self.row_data_good(start, stripes);
+                match volume.check_row_parity(&c, row, repair, &mut verify)? {
+                    RowParity::Good => {}
+                    RowParity::Missing => report.missing_copies += 1,
+                    RowParity::Unreadable => report.read_errors += 1,
+                    RowParity::Bad { mended } => {
+                        report.parity_errors += 1;
+                        report.corrected += u64::from(mended);
+                    }
+                    // The data's own errors were counted by the phases
+                    // before (and mended there, unless they could not be):
+                    // parity is left to match the data once it is good.
+                    RowParity::DataBad => {}
+                }
+                report.parity_bytes += row_len;
+                spent += row_len;
+            }
+        }
+        *cursor = ScrubCursor {
+            phase: ScrubPhase::Supers,
+            next: Key::new(0, 0, 0),
+        };
+        Ok(())
+    }
+
+    /// The rows of RAID5/6 chunk `c` from the one holding `from` on that
+    /// hold some extent (others have no data whose parity matters).
+    fn rows_in_use(
+        &self,
+        c: &crate::volume::chunk_map::Chunk,
+        from: u64,
+        row_len: u64,
+    ) -> Result<std::collections::BTreeSet<u64>> {
+        let extents = self.tree_by_id(EXTENT_TREE_OBJECTID)?;
+        let nodesize = self.geometry().nodesize as u64;
+        let first_row = (from - c.logical) / row_len;
+        let rows = c.item.length / row_len;
+        // An extent that starts before `from` may reach into its row.
+        let back = from
+            .saturating_sub(crate::format::items::LONGEST_PLAIN_EXTENT)
+            .max(c.logical);
+        let mut out = std::collections::BTreeSet::new();
+        for item in extents.range(
+            Key::new(back, 0, 0),
+            Key::new(c.end() - 1, u8::MAX, u64::MAX),
+        )? {
+            let key = item?.key();
+            let len = match key.item_type {
+                EXTENT_ITEM_KEY => key.offset,
+                METADATA_ITEM_KEY => nodesize,
+                _ => continue,
+            };
+            let end = key.objectid.saturating_add(len).min(c.end());
+            if len == 0 || end <= key.objectid.max(c.logical) {
+                continue;
+            }
+            let lo = (key.objectid.max(c.logical) - c.logical) / row_len;
+            let hi = (end - 1 - c.logical) / row_len;
+            out.extend(lo.max(first_row)..=hi.min(rows.saturating_sub(1)));
+        }
+        Ok(out)
+    }
+
+    /// Whether the data stripes of the RAID5/6 row at `start` are good:
+    /// every sector with a checksum matches it, and every tree block in
+    /// the row verifies.
+    fn row_data_good(&self, start: u64, stripes: &[Vec<u8>]) -> bool {
+        let row: Vec<u8> = stripes.concat();
+        let end = start + row.len() as u64;
+        let geo = self.geometry();
+        let sector = geo.sectorsize as usize;
+        let reader = self.tree_reader();
+        if let Ok(Some(root)) = self.root_ptr(CSUM_TREE_OBJECTID) {
+            let sums = crate::csum_tree::lookup(
+                &reader.tree(root),
+                start,
+                row.len() / sector,
+                geo.sectorsize,
+                geo.csum_size,
+            );
+            let Ok(sums) = sums else { return false };
+            for (i, sum) in sums.iter().enumerate() {
+                if let Some(sum) = sum
+                    && !reader
+                        .csum_type()
+                        .verify(&row[i * sector..(i + 1) * sector], &sum[..geo.csum_size])
+                {
+                    return false;
+                }
+            }
+        }
+        let Ok(extents) = self.tree_by_id(EXTENT_TREE_OBJECTID) else {
+            return false;
+        };
+        let newest = self.committed.load(std::sync::atomic::Ordering::Acquire);
+        let nodesize = geo.nodesize as usize;
+        let Ok(items) = extents.range(Key::new(start, 0, 0), Key::new(end - 1, u8::MAX, u64::MAX))
+        else {
+            return false;
+        };
+        for item in items {
+            let Ok(item) = item else { return false };
+            let key = item.key();
+            let Some((level, generation)) = tree_block_item(key, item.data()) else {
+                continue;
+            };
+            let at = (key.objectid - start) as usize;
+            let Some(bytes) = row.get(at..at + nodesize) else {
+                continue;
+            };
+            let expect = Expect {
+                bytenr: key.objectid,
+                generation,
+                level,
+                first_key: None,
+            };
+            if Node::parse(
+                bytes.to_vec().into_boxed_slice(),
+                reader.csum_type(),
+                &reader.fsid(),
+                &expect,
+                newest,
+            )
+            .is_err()
+            {
+                return false;
+            }
+        }
+        true
     }
 
     /// Count what the copies of `logical` were, and with `repair` write a

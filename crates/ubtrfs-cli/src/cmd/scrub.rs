@@ -20,7 +20,9 @@ and of every superblock, and verifies each: checksum, place, and for tree \
 blocks and superblocks the generation (a device that missed writes holds \
 older copies). A bad copy is written over with a good one (unless -r); \
 in RAID5/6, data that reads bad is rebuilt from parity and written back \
-with its parity (parity itself is not checked); bad superblock copies \
+with its parity, and then every row holding an extent has its parity \
+compared with its data's and rewritten from it where it differs (once \
+the data's checksums and tree blocks verify); bad superblock copies \
 are mended by a commit, which writes every copy again. Give the devices \
 or images of an unmounted filesystem, or the mount point of a ubtrfs \
 mount (root only): the mount is scrubbed a step at a time between its \
@@ -167,6 +169,12 @@ fn summary(r: &ScrubReport, devices: &str) -> String {
         r.tree_blocks,
         human(r.data_bytes),
     );
+    if r.parity_bytes > 0 {
+        out += &format!(
+            "RAID5/6 parity checked for {} of data\n",
+            human(r.parity_bytes)
+        );
+    }
     if r.missing_copies > 0 {
         out += &format!("copies on missing devices: {}\n", r.missing_copies);
     }
@@ -175,8 +183,8 @@ fn summary(r: &ScrubReport, devices: &str) -> String {
         return out;
     }
     out += &format!(
-        "errors: tree block {}, data checksum {}, read {}, superblock {}\n",
-        r.tree_errors, r.csum_errors, r.read_errors, r.super_errors
+        "errors: tree block {}, data checksum {}, read {}, superblock {}, parity {}\n",
+        r.tree_errors, r.csum_errors, r.read_errors, r.super_errors, r.parity_errors
     );
     out += &format!(
         "corrected: {}, uncorrectable: {}\n",

@@ -44,7 +44,7 @@ pub struct ListedSubvol {
 /// `_IOWR('u', 0xe2, [u8; SCRUB_SIZE])`: one step of a scrub
 /// ([`ubtrfs::fs::Filesystem::scrub_step`]). In: flags (bit 0: mend bad
 /// copies), then the cursor's phase (0 superblocks, 1 tree blocks, 2 data,
-/// 3 done) and key's objectid, type and offset, as `u64`s. Out: the
+/// 3 done, 4 RAID5/6 parity) and key's objectid, type and offset, as `u64`s. Out: the
 /// cursor moved on, in the same form; the bytes in use; the step's counts
 /// in the order of [`ubtrfs::scrub::ScrubReport`]'s fields; then a `u32`
 /// count of the places with no good copy and each as a `u32` length and
@@ -60,6 +60,7 @@ fn phase_number(p: ScrubPhase) -> u64 {
         ScrubPhase::TreeBlocks => 1,
         ScrubPhase::Data => 2,
         ScrubPhase::Done => 3,
+        ScrubPhase::Parity => 4,
     }
 }
 
@@ -69,6 +70,7 @@ fn phase_of(n: u64) -> Option<ScrubPhase> {
         1 => ScrubPhase::TreeBlocks,
         2 => ScrubPhase::Data,
         3 => ScrubPhase::Done,
+        4 => ScrubPhase::Parity,
         _ => return None,
     })
 }
@@ -138,6 +140,8 @@ pub fn encode_scrub_reply(cursor: &ScrubCursor, in_use: u64, r: &ScrubReport) ->
         r.super_errors,
         r.corrected,
         r.uncorrectable,
+        r.parity_errors,
+        r.parity_bytes,
     ];
     for w in cursor_words(cursor)
         .into_iter()
@@ -178,9 +182,11 @@ pub fn decode_scrub_reply(buf: &[u8]) -> Option<(ScrubCursor, u64, ScrubReport)>
         super_errors: c(7)?,
         corrected: c(8)?,
         uncorrectable: c(9)?,
+        parity_errors: c(10)?,
+        parity_bytes: c(11)?,
         uncorrectable_at: Vec::new(),
     };
-    let mut at = 15 * 8;
+    let mut at = 17 * 8;
     let n = u32::from_le_bytes(buf.get(at..at + 4)?.try_into().ok()?);
     at += 4;
     for _ in 0..n {
@@ -428,12 +434,15 @@ mod tests {
             super_errors: 8,
             corrected: 9,
             uncorrectable: 500,
+            parity_errors: 10,
+            parity_bytes: 11,
             uncorrectable_at: (0..500).map(|i| format!("data sector {i}")).collect(),
         };
         let reply = encode_scrub_reply(&cursor, 77, &report);
         assert!(reply.len() <= SCRUB_SIZE);
         let (c, in_use, r) = decode_scrub_reply(&reply).unwrap();
         assert_eq!((c, in_use), (cursor, 77));
+        assert_eq!((r.parity_errors, r.parity_bytes), (10, 11));
         // As many places as fit, the counts whole.
         assert_eq!(r.uncorrectable, 500);
         assert!(r.uncorrectable_at.len() > 100 && r.uncorrectable_at.len() < 500);

@@ -7,6 +7,7 @@ mod parity;
 
 pub use chunk_map::{ChunkMap, Profile};
 pub use devices::{DeviceSet, scan_device};
+pub(crate) use parity::RowParity;
 
 use crate::device::Device;
 use crate::{Error, Result};

@@ -57,6 +57,22 @@ impl Drop for RowHeld<'_> {
     }
 }
 
+/// What [`Volume::check_row_parity`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RowParity {
+    /// P (and Q) are the data's.
+    Good,
+    /// A device of the row is missing: not checked.
+    Missing,
+    /// A stripe of the row could not be read.
+    Unreadable,
+    /// P or Q is not the data's; `mended` if it was rewritten.
+    Bad { mended: bool },
+    /// P or Q is not the data's, and the data itself is bad: the parity
+    /// was left as it is.
+    DataBad,
+}
+
 /// Multiply every byte of `x` by 2 in GF(2^8) (polynomial 0x11d), eight
 /// bytes at a time.
 fn mul2_lanes(x: u64) -> u64 {
@@ -422,6 +438,69 @@ impl Volume {
             done += width;
         }
         Ok(())
+    }
+
+    /// Check the parity of row `row` of RAID5/6 chunk `chunk`: read its
+    /// data stripes and parity whole, and compare P (and Q) with the data's.
+    /// Parity that does not match is rewritten from the data when `mend`
+    /// and `verify` (given the data stripes) finds the data good. The row
+    /// is held throughout, so no write changes it in between.
+    pub(crate) fn check_row_parity(
+        &self,
+        chunk: &Chunk,
+        row: u64,
+        mend: bool,
+        verify: &mut dyn FnMut(&[Vec<u8>]) -> bool,
+    ) -> Result<RowParity> {
+        let n = chunk.item.stripes.len() as u64;
+        let raid6 = chunk.profile == Profile::Raid6;
+        let data = n - chunk.profile.parity_stripes();
+        let sl = chunk.item.stripe_len;
+        if (row + 1) * data * sl > chunk.item.length {
+            return Err(Error::Invalid(format!(
+                "row {row} is past the end of the chunk at {}",
+                chunk.logical
+            )));
+        }
+        let _held = self.rows.hold(chunk.logical, row);
+        let place = |idx: u64| {
+            let s = &chunk.item.stripes[((idx + row) % n) as usize];
+            (self.devices.get(s.devid), s.offset + row * sl)
+        };
+        let mut stripes = Vec::with_capacity(n as usize);
+        for idx in 0..n {
+            let (Some(dev), at) = place(idx) else {
+                return Ok(RowParity::Missing);
+            };
+            let mut buf = vec![0u8; sl as usize];
+            if dev.read_at(at, &mut buf).is_err() {
+                return Ok(RowParity::Unreadable);
+            }
+            stripes.push(buf);
+        }
+        let q_disk = if raid6 { stripes.pop() } else { None };
+        let p_disk = stripes.pop().unwrap_or_default();
+        let (p, q) = syndromes(&stripes, raid6);
+        if p == p_disk && q_disk.as_ref().is_none_or(|qd| *qd == q) {
+            return Ok(RowParity::Good);
+        }
+        if !verify(&stripes) {
+            return Ok(RowParity::DataBad);
+        }
+        if !mend {
+            return Ok(RowParity::Bad { mended: false });
+        }
+        let mut parity = vec![(data, p)];
+        if raid6 {
+            parity.push((data + 1, q));
+        }
+        for (idx, bytes) in parity {
+            let (Some(dev), at) = place(idx) else {
+                return Ok(RowParity::Missing);
+            };
+            dev.write_at(at, &bytes)?;
+        }
+        Ok(RowParity::Bad { mended: true })
     }
 
     /// Whether a rebuild of RAID5/6 chunk `chunk` (with P for `mirror` 1,

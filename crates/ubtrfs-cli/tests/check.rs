@@ -44,6 +44,11 @@ rm a/f3 a/f4; echo more > a/f5
 truncate -s 10M sparse; echo end >> sparse
 chattr +C d; echo nocow > d/nc
 mkdir manyd; for i in $(seq 1 2000); do : > manyd/longname_$i; done
+if [ -n "$KERNEL" ]; then
+    # An inline extent with a reflinked extent after it (and, without
+    # no-holes, a hole between).
+    echo abc > inl; sync; xfs_io -c "reflink part 0 64k 4k" inl
+fi
 sync
 "#;
 
@@ -55,6 +60,7 @@ fn populate(dir: &Path, subvol: &str, clone: &str) {
         .current_dir(dir)
         .env("SUBVOL", subvol)
         .env("CLONE", clone)
+        .env("KERNEL", if subvol.starts_with("btrfs") { "1" } else { "" })
         .output()
         .unwrap();
     assert!(
@@ -197,6 +203,67 @@ fn a_filesystem_ubtrfs_wrote_checks_clean() {
     populate(m.path(), &subvol, "cp --reflink=auto --sparse=never");
     m.unmount().unwrap();
     assert_both_clean("ubtrfs-written", std::slice::from_ref(&img));
+}
+
+/// A directory and a file removed while still open, caught on disk
+/// before they are cleaned up (as after a crash): no names, no links, an
+/// orphan item each. Both checks call that consistent.
+#[test]
+fn files_removed_while_open_check_clean() {
+    require_privileged!();
+    let t = TestDir::new("check-open-removed").unwrap();
+    let img = t.sparse_file("o.img", 1 << 30).unwrap();
+    let out = Command::new("mkfs.btrfs")
+        .args(["-q", "-f"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let m = Mount::new(std::slice::from_ref(&img), &t.join("mnt"), "").unwrap();
+    std::fs::create_dir(m.path().join("d")).unwrap();
+    std::fs::write(m.path().join("f"), b"data").unwrap();
+    let dir = std::fs::File::open(m.path().join("d")).unwrap();
+    let file = std::fs::File::open(m.path().join("f")).unwrap();
+    std::fs::remove_dir(m.path().join("d")).unwrap();
+    std::fs::remove_file(m.path().join("f")).unwrap();
+    // A commit with both removed and still open, then a copy of the image
+    // while nothing changes it.
+    let sync = Command::new("btrfs")
+        .args(["filesystem", "sync"])
+        .arg(m.path())
+        .status()
+        .unwrap();
+    assert!(sync.success());
+    let copy = t.join("copy.img");
+    let freeze = Command::new("fsfreeze")
+        .arg("-f")
+        .arg(m.path())
+        .status()
+        .unwrap();
+    assert!(freeze.success());
+    let cp = Command::new("cp")
+        .arg("--sparse=always")
+        .arg(&img)
+        .arg(&copy)
+        .status();
+    let thaw = Command::new("fsfreeze")
+        .arg("-u")
+        .arg(m.path())
+        .status()
+        .unwrap();
+    assert!(cp.unwrap().success() && thaw.success());
+    drop((dir, file));
+    m.unmount().unwrap();
+    let fs = Filesystem::open_without_log_replay(&[&copy]).unwrap();
+    let orphans = fs
+        .tree_by_id(FS_TREE_OBJECTID)
+        .unwrap()
+        .items_of(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY)
+        .unwrap()
+        .count();
+    assert_eq!(orphans, 2, "the copy has both orphans");
+    drop(fs);
+    assert_both_clean("removed while open", &[copy]);
 }
 
 /// Rewrite the leaf holding `key` in tree `tree` of a single-device
@@ -353,6 +420,19 @@ fn damage_is_found_by_both_checks() {
                     k.objectid == a_dir && k.item_type == DIR_INDEX_KEY
                 });
                 patch(img, FS_TREE_OBJECTID, key, |_| None)
+            }),
+        ),
+        (
+            "a directory item naming another inode than its index",
+            "by index",
+            Box::new(move |img| {
+                let (key, _) = find(img, FS_TREE_OBJECTID, false, |k, _| {
+                    k.objectid == a_dir && k.item_type == DIR_ITEM_KEY
+                });
+                // The entry's location key starts the item: objectid + 1.
+                patch(img, FS_TREE_OBJECTID, key, |d| {
+                    Some(set64(d, 0, le64(d, 0) + 1))
+                })
             }),
         ),
         (

@@ -74,6 +74,8 @@ pub(super) fn check(fs: &Filesystem, report: &mut CheckReport) -> Result<CsumNee
             id,
             root_dirid,
             no_holes: fs.superblock().incompat_flags & INCOMPAT_NO_HOLES != 0,
+            sectorsize: fs.superblock().sectorsize as u64,
+            generation: fs.superblock().generation,
             ..Default::default()
         };
         let iter = match tree.range(Key::MIN, Key::MAX) {
@@ -116,6 +118,9 @@ struct TreePass {
     id: u64,
     root_dirid: u64,
     no_holes: bool,
+    sectorsize: u64,
+    /// The last commit's generation: no inode may be newer.
+    generation: u64,
     inode: Option<InodeState>,
     /// (inode, parent, index, name) of every INODE_REF/EXTREF entry.
     names: HashSet<(u64, u64, u64, Vec<u8>)>,
@@ -273,6 +278,7 @@ impl TreePass {
         let fe = FileExtentItem::parse(data)?;
         let id = self.id;
         let no_holes = self.no_holes;
+        let sectorsize = self.sectorsize.max(1);
         let Some(s) = self.inode.as_mut() else {
             return Ok(());
         };
@@ -294,13 +300,26 @@ impl TreePass {
             ));
         }
         s.extents = true;
-        s.extent_end = key.offset.saturating_add(fe.len());
+        // An inline extent covers its whole sector.
+        let len = match fe.body {
+            ExtentBody::Inline(_) => fe.len().next_multiple_of(sectorsize),
+            ExtentBody::Regular { .. } => fe.len(),
+        };
+        s.extent_end = key.offset.saturating_add(len);
         match &fe.body {
-            ExtentBody::Inline(_) => {
+            ExtentBody::Inline(bytes) => {
                 if key.offset != 0 {
                     problems.push(format!(
                         "inode {}: an inline extent at offset {}, not 0",
                         s.ino, key.offset
+                    ));
+                }
+                if fe.compression == 0 && bytes.len() as u64 != fe.ram_bytes {
+                    problems.push(format!(
+                        "inode {}: an inline extent of {} bytes says it holds {}",
+                        s.ino,
+                        bytes.len(),
+                        fe.ram_bytes
                     ));
                 }
                 s.nbytes += fe.ram_bytes;
@@ -358,8 +377,19 @@ impl TreePass {
         };
         report.inodes += 1;
         let kind = file_type(item.mode);
+        if item.generation > self.generation || item.transid > self.generation {
+            self.problem(
+                report,
+                format!(
+                    "inode {}: generation {} and transid {}, past the filesystem's {}",
+                    s.ino, item.generation, item.transid, self.generation
+                ),
+            );
+        }
         if kind == FT_DIR {
-            if item.nlink != 1 {
+            // A directory removed while open has no names and no links
+            // until its orphan item is processed.
+            if item.nlink != 1 && !(item.nlink == 0 && s.names == 0) {
                 self.problem(
                     report,
                     format!("directory {} has link count {}, not 1", s.ino, item.nlink),
@@ -425,16 +455,6 @@ impl TreePass {
                     "inode {ino}: its name {shown:?} in directory {parent} has no directory index {index}"
                 )),
             }
-            match self.items.get(&(*parent, name.clone())) {
-                Some(e) if e.location.objectid == *ino => {}
-                Some(e) => problems.push(format!(
-                    "inode {ino}: its name {shown:?} in directory {parent} names inode {} in the directory item",
-                    e.location.objectid
-                )),
-                None => problems.push(format!(
-                    "inode {ino}: its name {shown:?} in directory {parent} has no directory item"
-                )),
-            }
             if self.kinds.get(parent).is_some_and(|k| *k != FT_DIR) {
                 problems.push(format!(
                     "inode {ino}: its parent {parent} is not a directory"
@@ -444,11 +464,30 @@ impl TreePass {
         let mut indexed: HashSet<(u64, &[u8])> = HashSet::new();
         for ((dir, index), e) in &self.index {
             indexed.insert((*dir, &e.name));
-            if e.location.item_type != INODE_ITEM_KEY {
-                continue;
+            let shown = String::from_utf8_lossy(&e.name);
+            // Each entry is in the directory twice: by index and by name.
+            match self.items.get(&(*dir, e.name.clone())) {
+                Some(i) if i.location == e.location && i.file_type == e.file_type => {}
+                Some(i) => problems.push(format!(
+                    "directory {dir}: entry {shown:?} names {} (type {}) by index {index}, {} (type {}) by name",
+                    e.location, e.file_type, i.location, i.file_type
+                )),
+                None => problems.push(format!(
+                    "directory {dir}: entry {shown:?} (index {index}) has no directory item"
+                )),
+            }
+            match e.location.item_type {
+                INODE_ITEM_KEY => {}
+                ROOT_ITEM_KEY => continue,
+                _ => {
+                    problems.push(format!(
+                        "directory {dir}: entry {shown:?} (index {index}) names {}, neither an inode nor a subvolume",
+                        e.location
+                    ));
+                    continue;
+                }
             }
             let ino = e.location.objectid;
-            let shown = String::from_utf8_lossy(&e.name);
             match self.kinds.get(&ino) {
                 None => problems.push(format!(
                     "directory {dir}: entry {shown:?} (index {index}) names inode {ino}, which does not exist"

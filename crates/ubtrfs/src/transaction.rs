@@ -5,12 +5,12 @@
 //! cache flush per device, the primary superblock with FUA, then the
 //! superblock mirrors (made durable by the next commit's flush).
 
-use crate::alloc::delayed_ref::{BlockRef, DataOwner, DataRef};
-use crate::alloc::extent_tree::{self, ExtentCtx, SpaceOp};
+use crate::alloc::delayed_ref::BlockRef;
+use crate::alloc::extent_tree::{self, ChildRef, ExtentCtx, Holder, SpaceOp, child_refs};
 use crate::alloc::{Allocator, DelayedRefs, SpaceKind, block_group, free_space_tree};
 use crate::format::Key;
 use crate::format::consts::*;
-use crate::format::items::{ExtentBody, FileExtentItem, RootItem};
+use crate::format::items::RootItem;
 use crate::format::node::{Body, Node};
 use crate::fs::Filesystem;
 use crate::tree::cow::CowPlan;
@@ -64,44 +64,11 @@ impl TxnBlocks {
     /// holder `by`, change by `d`: tree blocks for a node, data extents of
     /// file extent items for a leaf.
     fn ref_children(&mut self, node: &Node, by: Holder, d: i64) -> Result<()> {
-        let parent = node.header.bytenr;
-        match node.body() {
-            Body::Internal(ptrs) => {
-                let r = match by {
-                    Holder::Root(root) => BlockRef::Root(root),
-                    Holder::Parent => BlockRef::Parent(parent),
-                };
-                for p in ptrs {
-                    self.refs.change_tree(p.blockptr, node.level() - 1, r, d);
-                }
-            }
-            Body::Leaf(items) => {
-                for (key, data) in items {
-                    if key.item_type != EXTENT_DATA_KEY {
-                        continue;
-                    }
-                    let fe = FileExtentItem::parse(&data)?;
-                    let ExtentBody::Regular {
-                        disk_bytenr,
-                        disk_num_bytes,
-                        offset,
-                        ..
-                    } = fe.body
-                    else {
-                        continue;
-                    };
-                    if disk_bytenr == 0 {
-                        continue;
-                    }
-                    let r = match by {
-                        Holder::Root(root) => DataRef::Root(DataOwner {
-                            root,
-                            objectid: key.objectid,
-                            offset: key.offset.wrapping_sub(offset),
-                        }),
-                        Holder::Parent => DataRef::Parent(parent),
-                    };
-                    self.refs.change_data_ref(disk_bytenr, disk_num_bytes, r, d);
+        for c in child_refs(node, by) {
+            match c.map_err(|(_, e)| e)? {
+                ChildRef::Block { bytenr, level, r } => self.refs.change_tree(bytenr, level, r, d),
+                ChildRef::Data { bytenr, len, r, .. } => {
+                    self.refs.change_data_ref(bytenr, len, r, d)
                 }
             }
         }
@@ -316,15 +283,6 @@ impl TxnBlocks {
 /// The nodes from a tree's root down to where a drop stopped, each with
 /// the slot of the child the drop was in.
 type DropPath = Vec<(Arc<Node>, usize)>;
-
-/// Who holds the references a block has on its children.
-#[derive(Clone, Copy)]
-enum Holder {
-    /// A tree, through blocks with normal back references.
-    Root(u64),
-    /// The block itself (it is flagged FULL_BACKREF).
-    Parent,
-}
 
 impl BlockSource for TxnBlocks {
     fn transid(&self) -> u64 {

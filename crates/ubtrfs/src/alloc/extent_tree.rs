@@ -173,6 +173,97 @@ pub(crate) fn tree_block_item(key: Key, data: &[u8]) -> Option<(Option<u8>, Opti
     }
 }
 
+/// Who holds the references a block has on its children.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Holder {
+    /// A tree, through blocks with normal back references.
+    Root(u64),
+    /// The block itself (it is flagged FULL_BACKREF).
+    Parent,
+}
+
+/// One reference a tree block holds on what it points at.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum ChildRef {
+    /// A child block, at `level`.
+    Block { bytenr: u64, level: u8, r: BlockRef },
+    /// The data extent of the file extent item `key` of a leaf.
+    Data {
+        key: Key,
+        bytenr: u64,
+        len: u64,
+        r: DataRef,
+    },
+}
+
+/// The references `node` holds on its children when `by` holds them: its
+/// child blocks for a node, the data extents of its file extent items
+/// for a leaf (holes and inline extents hold none). A file extent item
+/// that does not decode is an error with its key; the rest still come.
+pub(crate) fn child_refs(
+    node: &crate::format::node::Node,
+    by: Holder,
+) -> Vec<std::result::Result<ChildRef, (Key, Error)>> {
+    use crate::format::items::{ExtentBody, FileExtentItem};
+    let parent = node.header.bytenr;
+    let mut out = Vec::new();
+    if !node.is_leaf() {
+        let r = match by {
+            Holder::Root(root) => BlockRef::Root(root),
+            Holder::Parent => BlockRef::Parent(parent),
+        };
+        for slot in 0..node.nritems() {
+            let p = node.key_ptr(slot);
+            out.push(Ok(ChildRef::Block {
+                bytenr: p.blockptr,
+                level: node.level() - 1,
+                r,
+            }));
+        }
+        return out;
+    }
+    for slot in 0..node.nritems() {
+        let key = node.key(slot);
+        if key.item_type != EXTENT_DATA_KEY {
+            continue;
+        }
+        let fe = match FileExtentItem::parse(node.item(slot).data) {
+            Ok(fe) => fe,
+            Err(e) => {
+                out.push(Err((key, e)));
+                continue;
+            }
+        };
+        let ExtentBody::Regular {
+            disk_bytenr,
+            disk_num_bytes,
+            offset,
+            ..
+        } = fe.body
+        else {
+            continue;
+        };
+        if disk_bytenr == 0 {
+            continue;
+        }
+        let r = match by {
+            Holder::Root(root) => DataRef::Root(DataOwner {
+                root,
+                objectid: key.objectid,
+                offset: key.offset.wrapping_sub(offset),
+            }),
+            Holder::Parent => DataRef::Parent(parent),
+        };
+        out.push(Ok(ChildRef::Data {
+            key,
+            bytenr: disk_bytenr,
+            len: disk_num_bytes,
+            r,
+        }));
+    }
+    out
+}
+
 /// A decoded extent item.
 pub(crate) struct ExtentItem {
     pub(crate) refs: u64,

@@ -11,10 +11,12 @@
 use super::{CheckArea, CheckReport};
 use crate::Result;
 use crate::alloc::delayed_ref::{BlockRef, DataOwner, DataRef};
-use crate::alloc::extent_tree::{AnyRef, ExtentItem, Inline, data_ref_hash};
+use crate::alloc::extent_tree::{
+    AnyRef, ChildRef, ExtentItem, Holder, Inline, child_refs, data_ref_hash,
+};
 use crate::format::Key;
 use crate::format::consts::*;
-use crate::format::items::{ExtentBody, FileExtentItem, RootItem};
+use crate::format::items::RootItem;
 use crate::format::le;
 use crate::format::node::Expect;
 use crate::fs::Filesystem;
@@ -354,41 +356,27 @@ impl Walk<'_> {
             };
             let owner = node.header.owner;
             if node.is_leaf() {
-                for slot in 0..node.nritems() {
-                    let key = node.key(slot);
-                    if key.item_type != EXTENT_DATA_KEY {
-                        continue;
-                    }
-                    let fe = match FileExtentItem::parse(node.item(slot).data) {
-                        Ok(fe) => fe,
-                        Err(e) => {
+                let by = if full_backref {
+                    Holder::Parent
+                } else {
+                    Holder::Root(owner)
+                };
+                for c in child_refs(&node, by) {
+                    let (key, disk_bytenr, disk_num_bytes, r) = match c {
+                        Ok(ChildRef::Data {
+                            key,
+                            bytenr,
+                            len,
+                            r,
+                        }) => (key, bytenr, len, r),
+                        Ok(ChildRef::Block { .. }) => continue,
+                        Err((key, e)) => {
                             report.problem(
                                 CheckArea::FsTree,
                                 format!("tree {}: file extent {key}: {e}", tree_name(id)),
                             );
                             continue;
                         }
-                    };
-                    let ExtentBody::Regular {
-                        disk_bytenr,
-                        disk_num_bytes,
-                        offset,
-                        ..
-                    } = fe.body
-                    else {
-                        continue;
-                    };
-                    if disk_bytenr == 0 {
-                        continue;
-                    }
-                    let r = if full_backref {
-                        DataRef::Parent(bytenr)
-                    } else {
-                        DataRef::Root(DataOwner {
-                            root: owner,
-                            objectid: key.objectid,
-                            offset: key.offset.wrapping_sub(offset),
-                        })
                     };
                     if let Some(rec) = ex.records.get(&disk_bytenr)
                         && (rec.tree_block || rec.len != disk_num_bytes)

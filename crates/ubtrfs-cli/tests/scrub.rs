@@ -339,6 +339,39 @@ fn scrub_mends_raid56_parity() {
     }
 }
 
+/// Parity is only ever read back where some data stripe of its row is in
+/// use: elsewhere the kernel leaves it stale (devices that held other
+/// bytes before, no discard at mkfs), and that is no error.
+#[test]
+fn stale_parity_where_no_data_is_is_not_an_error() {
+    require_privileged!();
+    let t = TestDir::new("scrub-stale-parity").unwrap();
+    let devices: Vec<PathBuf> = (0..3u64)
+        .map(|i| {
+            let p = t.join(format!("old-{i}.img"));
+            std::fs::write(&p, testkit::xorshift_bytes(100 + i, 160 << 20)).unwrap();
+            p
+        })
+        .collect();
+    let out = Command::new("mkfs.btrfs")
+        .args(["-q", "-f", "-K", "-d", "raid5", "-m", "raid5"])
+        .args(&devices)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "mkfs: {}", show(&out));
+    let m = Mount::new(&devices, &t.join("kernel"), "nodiscard").unwrap();
+    std::fs::write(m.path().join("one"), testkit::xorshift_bytes(3, 4096)).unwrap();
+    std::fs::write(m.path().join("f"), contents()).unwrap();
+    m.unmount().unwrap();
+    assert_clean(&scrub(&["-r"], &devices));
+    let before = digest(&devices);
+    assert_clean(&scrub(&[], &devices));
+    assert!(
+        digest(&devices) == before,
+        "a scrub of a good filesystem wrote"
+    );
+}
+
 /// A RAID1 filesystem mounted degraded, one device missing, while files
 /// were written: that device's copies of tree blocks, data and
 /// superblocks are older than the others'. Scrub finds them (good

@@ -25,6 +25,7 @@ use crate::format::superblock::Superblock;
 use crate::fs::Filesystem;
 use crate::transaction::Writer;
 use crate::volume::{Profile, RowParity, Volume};
+use std::collections::BTreeMap;
 
 /// Data sectors read per copy at once.
 const DATA_BATCH: usize = 64;
@@ -559,40 +560,56 @@ impl Filesystem {
         report: &mut ScrubReport,
     ) -> Result<()> {
         let volume = self.tree_reader().volume();
-        let from = cursor.next.objectid;
+        let sector = self.geometry().sectorsize as usize;
+        let mut pos = cursor.next.objectid;
         let mut chunks: Vec<_> = volume
             .chunks
             .all()
             .into_iter()
-            .filter(|c| c.profile.parity_stripes() > 0 && c.end() > from)
+            .filter(|c| c.profile.parity_stripes() > 0 && c.end() > pos)
             .collect();
         chunks.sort_by_key(|c| c.logical);
         let mut spent = 0u64;
         for c in chunks {
             let data = c.item.stripes.len() as u64 - c.profile.parity_stripes();
             let row_len = data * c.item.stripe_len;
-            for row in self.rows_in_use(&c, from.max(c.logical), row_len)? {
-                if spent >= budget {
-                    cursor.next = Key::new(c.logical + row * row_len, 0, 0);
-                    return Ok(());
-                }
-                let start = c.logical + row * row_len;
-                let mut verify = |stripes: &[Vec<u8>]| self.row_data_good(start, stripes);
-                match volume.check_row_parity(&c, row, repair, &mut verify)? {
-                    RowParity::Good => {}
-                    RowParity::Missing => report.missing_copies += 1,
-                    RowParity::Unreadable => report.read_errors += 1,
-                    RowParity::Bad { mended } => {
-                        report.parity_errors += 1;
-                        report.corrected += u64::from(mended);
+            let rows_end = c.logical + c.item.length / row_len * row_len;
+            pos = pos.max(c.logical);
+            while pos < rows_end {
+                // The rows of about what is left of the budget at a time:
+                // finding them reads the extent items of that span only.
+                let span = budget
+                    .saturating_sub(spent)
+                    .max(row_len)
+                    .next_multiple_of(row_len);
+                let limit = pos.saturating_add(span).min(rows_end);
+                for (row, used) in self.rows_in_use(&c, pos, limit, row_len)? {
+                    let start = c.logical + row * row_len;
+                    if spent >= budget {
+                        cursor.next = Key::new(start, 0, 0);
+                        return Ok(());
                     }
-                    // The data's own errors were counted by the phases
-                    // before (and mended there, unless they could not be):
-                    // parity is left to match the data once it is good.
-                    RowParity::DataBad => {}
+                    let mut verify = |stripes: &[Vec<u8>]| self.row_data_good(start, stripes);
+                    let found =
+                        volume.check_row_parity(&c, row, &used, sector, repair, &mut verify)?;
+                    match found {
+                        RowParity::Good => {}
+                        RowParity::Missing => report.missing_copies += 1,
+                        RowParity::Unreadable => report.read_errors += 1,
+                        RowParity::Bad { mended } => {
+                            report.parity_errors += 1;
+                            report.corrected += u64::from(mended);
+                        }
+                        // The data's own errors were counted by the phases
+                        // before (and mended there, unless they could not
+                        // be): parity is left to match the data once it is
+                        // good.
+                        RowParity::DataBad => {}
+                    }
+                    report.parity_bytes += row_len;
+                    spent += row_len;
                 }
-                report.parity_bytes += row_len;
-                spent += row_len;
+                pos = limit;
             }
         }
         *cursor = ScrubCursor {
@@ -602,40 +619,47 @@ impl Filesystem {
         Ok(())
     }
 
-    /// The rows of RAID5/6 chunk `c` from the one holding `from` on that
-    /// hold some extent (others have no data whose parity matters).
+    /// The rows of RAID5/6 chunk `c` in `[from, limit)` (row boundaries)
+    /// that hold some extent, each with the sectors of a stripe where
+    /// some data stripe of the row is in use (only there is parity ever
+    /// read back, so only there must it match).
     fn rows_in_use(
         &self,
         c: &crate::volume::chunk_map::Chunk,
         from: u64,
+        limit: u64,
         row_len: u64,
-    ) -> Result<std::collections::BTreeSet<u64>> {
+    ) -> Result<BTreeMap<u64, Vec<bool>>> {
         let extents = self.tree_by_id(EXTENT_TREE_OBJECTID)?;
         let nodesize = self.geometry().nodesize as u64;
-        let first_row = (from - c.logical) / row_len;
-        let rows = c.item.length / row_len;
-        // An extent that starts before `from` may reach into its row.
-        let back = from
-            .saturating_sub(crate::format::items::LONGEST_PLAIN_EXTENT)
-            .max(c.logical);
-        let mut out = std::collections::BTreeSet::new();
-        for item in extents.range(
-            Key::new(back, 0, 0),
-            Key::new(c.end() - 1, u8::MAX, u64::MAX),
-        )? {
+        let sector = self.geometry().sectorsize as u64;
+        let sl = c.item.stripe_len;
+        // Extents do not overlap: only the last one to start before
+        // `from` can reach into the span; its items (and any block group
+        // item) share its start as objectid.
+        let back = extents
+            .get_le(&Key::new(from.saturating_sub(1), u8::MAX, u64::MAX))?
+            .map_or(c.logical, |i| i.key().objectid)
+            .clamp(c.logical, from);
+        let mut out: BTreeMap<u64, Vec<bool>> = BTreeMap::new();
+        for item in extents.range(Key::new(back, 0, 0), Key::new(limit - 1, u8::MAX, u64::MAX))? {
             let key = item?.key();
             let len = match key.item_type {
                 EXTENT_ITEM_KEY => key.offset,
                 METADATA_ITEM_KEY => nodesize,
                 _ => continue,
             };
-            let end = key.objectid.saturating_add(len).min(c.end());
-            if len == 0 || end <= key.objectid.max(c.logical) {
-                continue;
+            let lo = key.objectid.max(from);
+            let hi = key.objectid.saturating_add(len).min(limit);
+            let mut at = lo - lo % sector;
+            while at < hi {
+                let off = at - c.logical;
+                let used = out
+                    .entry(off / row_len)
+                    .or_insert_with(|| vec![false; (sl / sector) as usize]);
+                used[((off % sl) / sector) as usize] = true;
+                at += sector;
             }
-            let lo = (key.objectid.max(c.logical) - c.logical) / row_len;
-            let hi = (end - 1 - c.logical) / row_len;
-            out.extend(lo.max(first_row)..=hi.min(rows.saturating_sub(1)));
         }
         Ok(out)
     }

@@ -440,15 +440,22 @@ impl Volume {
         Ok(())
     }
 
-    /// Check the parity of row `row` of RAID5/6 chunk `chunk`: read its
-    /// data stripes and parity whole, and compare P (and Q) with the data's.
-    /// Parity that does not match is rewritten from the data when `mend`
-    /// and `verify` (given the data stripes) finds the data good. The row
-    /// is held throughout, so no write changes it in between.
+    /// Check the parity of row `row` of RAID5/6 chunk `chunk` where it
+    /// covers data in use: `used` holds, per run of `unit` bytes across the
+    /// stripes (a sector), whether any data stripe has a sector in use
+    /// there; parity elsewhere is never read back and may be stale, as
+    /// the kernel leaves it. Parity that does not match is rewritten from
+    /// the data there when `mend` and `verify` (given the data stripes)
+    /// finds the data good. `verify` runs with the row let go (it may read
+    /// trees, whose blocks may lie in this very row); the row is then read
+    /// again under its lock, and mended only if its data is what was
+    /// verified.
     pub(crate) fn check_row_parity(
         &self,
         chunk: &Chunk,
         row: u64,
+        used: &[bool],
+        unit: usize,
         mend: bool,
         verify: &mut dyn FnMut(&[Vec<u8>]) -> bool,
     ) -> Result<RowParity> {
@@ -462,32 +469,62 @@ impl Volume {
                 chunk.logical
             )));
         }
-        let _held = self.rows.hold(chunk.logical, row);
         let place = |idx: u64| {
             let s = &chunk.item.stripes[((idx + row) % n) as usize];
             (self.devices.get(s.devid), s.offset + row * sl)
         };
-        let mut stripes = Vec::with_capacity(n as usize);
-        for idx in 0..n {
-            let (Some(dev), at) = place(idx) else {
-                return Ok(RowParity::Missing);
-            };
-            let mut buf = vec![0u8; sl as usize];
-            if dev.read_at(at, &mut buf).is_err() {
-                return Ok(RowParity::Unreadable);
+        // The row's stripes (data, P, Q) and whether its parity is its
+        // data's where data is in use.
+        let read = || -> Option<(Vec<Vec<u8>>, Vec<u8>, Vec<u8>, bool)> {
+            let mut stripes = Vec::with_capacity(n as usize);
+            for idx in 0..n {
+                let (dev, at) = place(idx);
+                let mut buf = vec![0u8; sl as usize];
+                dev?.read_at(at, &mut buf).ok()?;
+                stripes.push(buf);
             }
-            stripes.push(buf);
-        }
-        let q_disk = if raid6 { stripes.pop() } else { None };
-        let p_disk = stripes.pop().unwrap_or_default();
-        let (p, q) = syndromes(&stripes, raid6);
-        if p == p_disk && q_disk.as_ref().is_none_or(|qd| *qd == q) {
+            let q_disk = if raid6 { stripes.pop() } else { None };
+            let p_disk = stripes.pop().unwrap_or_default();
+            let (p, q) = syndromes(&stripes, raid6);
+            let same = used.iter().enumerate().filter(|(_, u)| **u).all(|(i, _)| {
+                let r = i * unit..((i + 1) * unit).min(p.len());
+                p[r.clone()] == p_disk[r.clone()]
+                    && q_disk.as_ref().is_none_or(|qd| qd[r.clone()] == q[r])
+            });
+            Some((stripes, p, q, same))
+        };
+        let missing = (0..n).any(|idx| place(idx).0.is_none());
+        let first = {
+            let _held = self.rows.hold(chunk.logical, row);
+            read()
+        };
+        let Some((stripes, _, _, same)) = first else {
+            return Ok(if missing {
+                RowParity::Missing
+            } else {
+                RowParity::Unreadable
+            });
+        };
+        if same {
             return Ok(RowParity::Good);
         }
         if !verify(&stripes) {
             return Ok(RowParity::DataBad);
         }
         if !mend {
+            return Ok(RowParity::Bad { mended: false });
+        }
+        let _held = self.rows.hold(chunk.logical, row);
+        let Some((now, p, q, same)) = read() else {
+            return Ok(RowParity::Unreadable);
+        };
+        if same {
+            // A write brought the parity up to date meanwhile.
+            return Ok(RowParity::Bad { mended: true });
+        }
+        if now != stripes {
+            // Written meanwhile: what was verified is gone; the next
+            // scrub looks again.
             return Ok(RowParity::Bad { mended: false });
         }
         let mut parity = vec![(data, p)];
@@ -498,7 +535,10 @@ impl Volume {
             let (Some(dev), at) = place(idx) else {
                 return Ok(RowParity::Missing);
             };
-            dev.write_at(at, &bytes)?;
+            for (i, _) in used.iter().enumerate().filter(|(_, u)| **u) {
+                let r = i * unit..((i + 1) * unit).min(bytes.len());
+                dev.write_at(at + r.start as u64, &bytes[r])?;
+            }
         }
         Ok(RowParity::Bad { mended: true })
     }

@@ -57,6 +57,10 @@ impl Drop for RowHeld<'_> {
     }
 }
 
+/// A RAID5/6 row as read: its data stripes, the parity they make (P,
+/// Q), and whether the parity on disk is that where data is in use.
+type RowRead = (Vec<Vec<u8>>, Vec<u8>, Vec<u8>, bool);
+
 /// What [`Volume::check_row_parity`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum RowParity {
@@ -475,7 +479,7 @@ impl Volume {
         };
         // The row's stripes (data, P, Q) and whether its parity is its
         // data's where data is in use.
-        let read = || -> Option<(Vec<Vec<u8>>, Vec<u8>, Vec<u8>, bool)> {
+        let read = || -> Option<RowRead> {
             let mut stripes = Vec::with_capacity(n as usize);
             for idx in 0..n {
                 let (dev, at) = place(idx);

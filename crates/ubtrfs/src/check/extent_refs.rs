@@ -83,6 +83,7 @@ pub(super) fn check(fs: &Filesystem, report: &mut CheckReport) -> Result<Extents
             level: sb.root_level,
             generation: Some(sb.generation),
         },
+        None,
         &mut extents,
         report,
     );
@@ -93,6 +94,7 @@ pub(super) fn check(fs: &Filesystem, report: &mut CheckReport) -> Result<Extents
             level: sb.chunk_root_level,
             generation: Some(sb.chunk_root_generation),
         },
+        None,
         &mut extents,
         report,
     );
@@ -116,15 +118,10 @@ pub(super) fn check(fs: &Filesystem, report: &mut CheckReport) -> Result<Extents
         }
     }
     for (key, r) in roots {
-        if r.refs == 0 && r.drop_progress.objectid != 0 {
-            // The cleaner stopped half way: part of this tree is freed.
-            report.notes.push(format!(
-                "subvolume {} is being deleted (the deletion stopped half way): extent references are not compared",
-                key.objectid
-            ));
-            walk.unsure = true;
-            continue;
-        }
+        // A deletion the cleaner stopped half way has dropped the
+        // references of everything before its drop progress key.
+        let dropped_before =
+            (r.refs == 0 && r.drop_progress.objectid != 0).then_some(r.drop_progress);
         walk.tree(
             key.objectid,
             RootPtr {
@@ -132,6 +129,7 @@ pub(super) fn check(fs: &Filesystem, report: &mut CheckReport) -> Result<Extents
                 level: r.level,
                 generation: Some(r.generation),
             },
+            dropped_before,
             &mut extents,
             report,
         );
@@ -305,16 +303,31 @@ struct Walk<'a> {
 }
 
 impl Walk<'_> {
-    fn tree(&mut self, id: u64, root: RootPtr, ex: &mut Extents, report: &mut CheckReport) {
+    /// Walk tree `id` from `root`. With `dropped_before` (a deletion
+    /// stopped half way), children whose keys all lie before that key are
+    /// gone from the tree's references and are not walked.
+    fn tree(
+        &mut self,
+        id: u64,
+        root: RootPtr,
+        dropped_before: Option<Key>,
+        ex: &mut Extents,
+        report: &mut CheckReport,
+    ) {
         report.trees += 1;
         add_found(ex, root.bytenr, AnyRef::Block(BlockRef::Root(id)));
-        let mut stack = vec![Expect {
-            bytenr: root.bytenr,
-            generation: root.generation,
-            level: Some(root.level),
-            first_key: None,
-        }];
-        while let Some(expect) = stack.pop() {
+        // Each block with the first key after its own range (None: the
+        // end of the tree).
+        let mut stack = vec![(
+            Expect {
+                bytenr: root.bytenr,
+                generation: root.generation,
+                level: Some(root.level),
+                first_key: None,
+            },
+            None::<Key>,
+        )];
+        while let Some((expect, upper)) = stack.pop() {
             if !self.visited.insert(expect.bytenr) {
                 continue;
             }
@@ -399,15 +412,26 @@ impl Walk<'_> {
             } else {
                 // Pushed last first, so the walk goes in key order (and
                 // mostly in disk order).
-                for slot in (0..node.nritems()).rev() {
+                let n = node.nritems();
+                for slot in (0..n).rev() {
                     let ptr = node.key_ptr(slot);
+                    let next = if slot + 1 < n {
+                        Some(node.key_ptr(slot + 1).key)
+                    } else {
+                        upper
+                    };
+                    if let (Some(d), Some(next)) = (dropped_before, next)
+                        && next <= d
+                    {
+                        continue;
+                    }
                     let r = if full_backref {
                         BlockRef::Parent(bytenr)
                     } else {
                         BlockRef::Root(owner)
                     };
                     add_found(ex, ptr.blockptr, AnyRef::Block(r));
-                    stack.push(ptr.expect(node.level()));
+                    stack.push((ptr.expect(node.level()), next));
                 }
             }
         }

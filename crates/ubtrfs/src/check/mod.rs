@@ -4,8 +4,9 @@
 //! Each part of the check is one module:
 //! - [`extent_refs`]: every tree block and data extent the trees reach
 //!   has an extent item whose back references match the references found
-//!   (by root, or by parent block for full-backref blocks), and every
-//!   block group's `used` is the sum of its extents;
+//!   (by root, or by parent block for full-backref blocks; a subvolume
+//!   whose deletion stopped half way is walked from where it stopped),
+//!   and every block group's `used` is the sum of its extents;
 //! - [`space`]: chunks, block groups, device extents and device items
 //!   agree, and the free-space tree lists exactly the space no extent
 //!   holds;

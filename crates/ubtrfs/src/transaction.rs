@@ -613,12 +613,7 @@ impl Filesystem {
                 )));
             }
         }
-        let bg_tree = if sb.compat_ro_flags & COMPAT_RO_BLOCK_GROUP_TREE != 0 {
-            BLOCK_GROUP_TREE_OBJECTID
-        } else {
-            EXTENT_TREE_OBJECTID
-        };
-        let mut groups = block_group::load_groups(&fs.tree_by_id(bg_tree)?)?;
+        let mut groups = block_group::load_groups(&fs.tree_by_id(sb.block_group_tree())?)?;
         groups.sort_by_key(|g| g.start);
         let mut alloc = Allocator::new(groups);
         free_space_tree::load(
@@ -679,7 +674,7 @@ impl Filesystem {
             keep_ctransid: HashSet::new(),
             chunk_tree_uuid: root_node.header.chunk_tree_uuid,
             dev_supers,
-            bg_tree,
+            bg_tree: sb.block_group_tree(),
             has_fst,
             backup_slot,
             next_ino: HashMap::new(),

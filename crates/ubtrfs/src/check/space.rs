@@ -16,12 +16,8 @@ use std::collections::BTreeMap;
 
 /// Every block group item, by start.
 pub(super) fn block_groups(fs: &Filesystem) -> Result<Vec<BlockGroup>> {
-    let tree = if fs.superblock().compat_ro_flags & COMPAT_RO_BLOCK_GROUP_TREE != 0 {
-        BLOCK_GROUP_TREE_OBJECTID
-    } else {
-        EXTENT_TREE_OBJECTID
-    };
-    let mut groups = block_group::load_groups(&fs.tree_by_id(tree)?)?;
+    let tree = fs.tree_by_id(fs.superblock().block_group_tree())?;
+    let mut groups = block_group::load_groups(&tree)?;
     groups.sort_by_key(|g| g.start);
     Ok(groups)
 }

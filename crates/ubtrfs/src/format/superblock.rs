@@ -241,4 +241,14 @@ impl Superblock {
     pub fn no_holes(&self) -> bool {
         self.incompat_flags & INCOMPAT_NO_HOLES != 0
     }
+
+    /// The tree holding the block group items: the block group tree when
+    /// the filesystem has one, else the extent tree.
+    pub fn block_group_tree(&self) -> u64 {
+        if self.compat_ro_flags & COMPAT_RO_BLOCK_GROUP_TREE != 0 {
+            BLOCK_GROUP_TREE_OBJECTID
+        } else {
+            EXTENT_TREE_OBJECTID
+        }
+    }
 }

@@ -68,12 +68,7 @@ impl Filesystem {
     /// (flags, length, used) of every chunk's block group item (one
     /// lookup per chunk).
     pub(crate) fn block_group_items(&self) -> Result<Vec<(u64, u64, u64)>> {
-        let bg_tree = if self.superblock().compat_ro_flags & COMPAT_RO_BLOCK_GROUP_TREE != 0 {
-            BLOCK_GROUP_TREE_OBJECTID
-        } else {
-            EXTENT_TREE_OBJECTID
-        };
-        let tree = self.tree_by_id(bg_tree)?;
+        let tree = self.tree_by_id(self.superblock().block_group_tree())?;
         let mut out = Vec::new();
         for c in self.tree_reader().volume().chunks.all() {
             let key = Key::new(c.logical, BLOCK_GROUP_ITEM_KEY, c.item.length);

@@ -34,6 +34,11 @@
 //!   only partly overwrites.
 //! * pages stay cached across opens (`FOPEN_KEEP_CACHE`): the kernel drops
 //!   by itself what truncate, fallocate and copy_file_range change.
+//! * while the filesystem is nearly full, files opened for writing bypass
+//!   the page cache (`FOPEN_DIRECT_IO`), so a write that does not fit is
+//!   refused to the writer (see `space_watch.rs`). Such files, like
+//!   append-only and synchronous ones, may still be mapped shared
+//!   (`FUSE_DIRECT_IO_ALLOW_MMAP`).
 //! * entries (negative ones too) and attributes are cached for [`TTL_RW`]
 //!   (read-write) or [`TTL_RO`]. Every reply that creates or changes an
 //!   inode carries its fresh attributes, and the kernel drops what it
@@ -99,6 +104,7 @@ mod dev;
 mod reply;
 mod ring;
 mod served;
+mod space_watch;
 pub mod subvol_info;
 pub mod subvol_ioctl;
 mod wire;
@@ -207,6 +213,8 @@ pub struct FuseFs {
     rings: Arc<std::sync::Mutex<Option<fuse_ring::Rings>>>,
     /// Where the mount is (see [`Options::mountpoint`]).
     mountpoint: Arc<std::path::PathBuf>,
+    /// Whether data space is short enough for opens to bypass the cache.
+    space: Arc<space_watch::SpaceWatch>,
     /// The mount's device, read from `/proc/self/mountinfo` once mounted.
     mount_dev: Arc<OnceLock<(u32, u32)>>,
     /// Requests served on threads of their own now (see
@@ -249,6 +257,9 @@ struct Agreed {
     setxattr_ext: AtomicBool,
     /// A request came over the ring (the kernel uses it).
     ring_used: AtomicBool,
+    /// Files that bypass the page cache may be mapped shared
+    /// (`FUSE_DIRECT_IO_ALLOW_MMAP`).
+    direct_io_mmap: AtomicBool,
 }
 
 impl FuseFs {
@@ -324,6 +335,7 @@ impl FuseFs {
             uring_wanted: opts.uring,
             rings: Arc::default(),
             mountpoint: Arc::new(opts.mountpoint),
+            space: Arc::default(),
             mount_dev: Arc::default(),
             own_threads: Arc::default(),
             atime: opts.atime,
@@ -498,6 +510,22 @@ impl FuseFs {
     /// Whether the kernel took the writeback cache.
     fn writeback_cache(&self) -> bool {
         self.agreed.writeback_cache.load(Ordering::Relaxed)
+    }
+
+    /// Whether data space is short: new opens for writing then bypass the
+    /// page cache (see `space_watch.rs`).
+    fn space_tight(&self) -> bool {
+        self.writeback_cache() && self.space.tight(self.served.fs_unlocked())
+    }
+
+    /// How a regular file created or opened for writing is opened: past
+    /// the page cache while space is short, else keeping it.
+    fn write_open_flags(&self) -> FopenFlags {
+        if self.space_tight() {
+            FopenFlags::FOPEN_DIRECT_IO
+        } else {
+            FopenFlags::FOPEN_KEEP_CACHE
+        }
     }
 
     /// Whether the mount kills set-user-ID bits (`FUSE_HANDLE_KILLPRIV_V2`).
@@ -860,6 +888,9 @@ impl fuser::Filesystem for FuseFs {
             // kernel's inodes: it then looks up "." and ".." of an inode
             // number, which stays that inode's (with its generation).
             InitFlags::FUSE_EXPORT_SUPPORT,
+            // Files opened past the page cache (append-only, synchronous,
+            // or while space is short) can still be mapped shared.
+            InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
         ];
         if self.served.writable() {
             wanted.push(InitFlags::FUSE_WRITEBACK_CACHE);
@@ -875,6 +906,9 @@ impl fuser::Filesystem for FuseFs {
                 }
                 Ok(()) if cap == InitFlags::FUSE_POSIX_ACL => {
                     self.agreed.posix_acl.store(true, Ordering::Relaxed)
+                }
+                Ok(()) if cap == InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP => {
+                    self.agreed.direct_io_mmap.store(true, Ordering::Relaxed)
                 }
                 Ok(()) => {}
                 Err(_) => tracing::debug!("kernel lacks FUSE capability {cap:?}"),
@@ -1035,18 +1069,20 @@ impl FuseFs {
             // bypasses the page cache: each write then comes with the
             // file's flags. One to an append-only file that dropped
             // O_APPEND (fcntl) is refused in `on_write`, one to a
-            // synchronous file is made durable before it is answered; a
-            // shared writable mapping is refused by the kernel.
+            // synchronous file is made durable before it is answered. So
+            // does any file opened for writing while space is short: a
+            // write that does not fit is then refused to its writer.
             Ok(st)
                 if writing
                     && st.kind == FileKind::File
-                    && st.flags
+                    && (st.flags
                         & (ubtrfs::format::consts::INODE_APPEND
                             | ubtrfs::format::consts::INODE_SYNC)
-                        != 0 =>
+                        != 0
+                        || self.space_tight()) =>
             {
                 self.served.read(|fs| fs.hold_inode(id));
-                reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO)
+                reply.opened(self.writer_opened(id), FopenFlags::FOPEN_DIRECT_IO)
             }
             // O_TRUNC reaches `setattr` first (no atomic O_TRUNC asked for).
             // The open file keeps its inode alive if its last name goes.
@@ -1571,9 +1607,9 @@ impl FuseFs {
         // file (`chattr +S`), durable before it is answered, as the
         // kernel's write makes it. The page cache's own writes were
         // allowed when their file was opened.
+        use ubtrfs::format::consts::{INODE_APPEND, INODE_SYNC};
         let mut sync = false;
         if !write_flags.contains(fuser::WriteFlags::FUSE_WRITE_CACHE) {
-            use ubtrfs::format::consts::{INODE_APPEND, INODE_SYNC};
             let file_flags = match self.served.read(|fs| self.stat(fs, ino)) {
                 Ok(st) => st.flags,
                 Err(e) => return reply.error(e),
@@ -1582,6 +1618,19 @@ impl FuseFs {
                 return reply.error(Errno::EPERM);
             }
             sync = file_flags & INODE_SYNC != 0;
+        } else if self.agreed.direct_io_mmap.load(Ordering::Relaxed) {
+            // An append-only file opened to append may be mapped shared
+            // (the kernel refuses that mapping on its own filesystems, but
+            // FUSE does not know the flag): what such a mapping writes
+            // over the file's data is refused here. Cached appends of a
+            // file opened before the flag was set still go through.
+            match self.served.read(|fs| self.stat(fs, ino)) {
+                Ok(st) if st.flags & INODE_APPEND != 0 && offset < st.size => {
+                    return reply.error(Errno::EPERM);
+                }
+                Ok(_) => {}
+                Err(e) => return reply.error(e),
+            }
         }
         let kill = write_flags
             .contains(fuser::WriteFlags::FUSE_WRITE_KILL_SUIDGID)
@@ -1669,13 +1718,12 @@ impl FuseFs {
             Ok((attr, generation)) => {
                 let id = self.inode_of(attr.ino);
                 self.served.read(|fs| fs.hold_inode(id));
-                let fh = if flags & libc::O_ACCMODE == libc::O_RDONLY {
-                    FileHandle(0)
+                let (fh, open) = if flags & libc::O_ACCMODE == libc::O_RDONLY {
+                    (FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
                 } else {
-                    self.writer_opened(id)
+                    (self.writer_opened(id), self.write_open_flags())
                 };
-                let (ttl, keep) = (self.ttl(), FopenFlags::FOPEN_KEEP_CACHE);
-                reply.created(&ttl, &attr, generation, fh, keep)
+                reply.created(&self.ttl(), &attr, generation, fh, open)
             }
             Err(e) => reply.error(e),
         }
@@ -1693,8 +1741,8 @@ impl FuseFs {
         match self.do_create(req, parent, None, libc::S_IFREG | (mode & 0o7777), umask, 0) {
             Ok((attr, generation)) => {
                 let fh = self.writer_opened(self.inode_of(attr.ino));
-                let (ttl, keep) = (self.ttl(), FopenFlags::FOPEN_KEEP_CACHE);
-                reply.created(&ttl, &attr, generation, fh, keep)
+                let open = self.write_open_flags();
+                reply.created(&self.ttl(), &attr, generation, fh, open)
             }
             Err(e) => reply.error(e),
         }
@@ -2419,6 +2467,7 @@ impl FuseFs {
     pub fn note_mounted(&self) {
         if let Some(dev) = subvol_ioctl::mount_device(&self.mountpoint) {
             let _ = self.mount_dev.set(dev);
+            self.space.learn_dirty_limit(dev);
         }
     }
 }

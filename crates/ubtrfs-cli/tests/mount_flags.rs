@@ -125,7 +125,9 @@ if libc.utimensat(-100, b'g', ts, 0):\n\
     ),
     root(true, "touch g && stat -c %s g"),
     // Dropping O_APPEND (refused by the kernel at fcntl, by the mount at
-    // the write), a shared writable mapping (refused at mmap).
+    // the write), a shared writable mapping (refused by the kernel at
+    // mmap; FUSE maps it, and the mount refuses its writes: msync fails,
+    // and the page the kernel kept is dropped with the clean cache).
     root(
         false,
         "python3 -c \"import os, fcntl\n\
@@ -139,7 +141,7 @@ os.pwrite(fd, b'XX', 0)\"",
 fd = os.open('g', os.O_RDWR | os.O_APPEND)\n\
 try:\n\tm = mmap.mmap(fd, 2, mmap.MAP_SHARED, mmap.PROT_WRITE)\n\
 \tm[0:2] = b'XX'; m.flush(); print('written')\n\
-except OSError:\n\tprint('refused')\" && cat g",
+except OSError:\n\tprint('refused')\" && echo 3 > /proc/sys/vm/drop_caches && cat g",
     ),
     root(
         false,
@@ -241,6 +243,15 @@ fcntl.ioctl(fd, 0x401c5820, struct.pack('<5I8x', 0, 65536, 0, 0, 0))\"",
          && xfs_io -r -c 'chattr -s' -c 'lsattr -v' sf && xfs_io -r -c 'chattr +s' -c 'lsattr -v' sf \
          && echo data > sf && echo more >> sf && cat sf && touch sd/new && ls sd && lsattr sd/new \
          && rm -r sf sd",
+    ),
+    // A synchronous file opened for reading and writing maps shared.
+    root(
+        true,
+        "printf abcdef > sm && chattr +S sm && python3 -c \"import os, mmap\n\
+fd = os.open('sm', os.O_RDWR)\n\
+m = mmap.mmap(fd, 4, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)\n\
+m[1:3] = b'XY'; m.flush(); m.close(); os.close(fd)\" && sync \
+         && echo 3 > /proc/sys/vm/drop_caches && cat sm && echo && rm sm",
     ),
     // Cleared, everything goes again.
     root(

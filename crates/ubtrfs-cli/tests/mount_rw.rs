@@ -1488,6 +1488,97 @@ fn fsync_on_full_metadata_keeps_the_mount() {
     check_image(&img);
 }
 
+/// The bytes `statvfs` says an unprivileged user may still write under
+/// `dir`.
+fn avail_bytes(dir: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a zeroed statvfs filled in by the call, on a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    st.f_bavail * st.f_frsize
+}
+
+/// Near full, a write that does not fit is refused by write(2) itself, as
+/// on kernel btrfs, not later by close(2) or fsync: a file opened for
+/// writing while free data space is below what the kernel may hold dirty
+/// for the mount bypasses the page cache. The file keeps exactly the bytes
+/// accepted, and the mount goes on; once space is back, writes fit again.
+/// The same steps run on kernel btrfs first.
+#[test]
+fn writes_that_do_not_fit_are_refused_by_write() {
+    require_privileged!();
+    let t = TestDir::new("mount-rw-full-write").unwrap();
+    let size = 256 << 20;
+    let data = pattern(64 << 20, 45);
+    let fill = pattern(1 << 20, 46);
+    // Fill `dir` to within 3 MiB of full, durably; then write a new file in
+    // 1 MiB writes until one is refused. Returns how many bytes it took.
+    let fill_up = |dir: &Path| -> u64 {
+        let avail = avail_bytes(dir);
+        let mut f = File::create(dir.join("fill")).unwrap();
+        let mut left = avail - (3 << 20);
+        while left > 0 {
+            let n = left.min(fill.len() as u64) as usize;
+            f.write_all(&fill[..n]).unwrap();
+            left -= n as u64;
+        }
+        f.sync_all().unwrap();
+        drop(f);
+        let mut f = File::create(dir.join("last")).unwrap();
+        let mut taken = 0usize;
+        let err = loop {
+            assert!(taken < 32 << 20, "{taken} bytes taken with 3 MiB free");
+            let end = (taken + (1 << 20)).min(data.len());
+            match f.write(&data[taken..end]) {
+                Ok(n) => taken += n,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(
+            err.raw_os_error(),
+            Some(libc::ENOSPC),
+            "the refused write: {err}"
+        );
+        // Nothing accepted is refused later.
+        f.sync_all().unwrap();
+        use std::os::fd::IntoRawFd;
+        // SAFETY: closing the descriptor taken from `f`, once.
+        let closed = unsafe { libc::close(f.into_raw_fd()) };
+        assert_eq!(closed, 0, "close: {}", std::io::Error::last_os_error());
+        let len = fs::metadata(dir.join("last")).unwrap().len();
+        assert_eq!(
+            len, taken as u64,
+            "the file's size against the bytes accepted"
+        );
+        len
+    };
+
+    let kimg = common::new_image(&t, "kernel.img", size);
+    let kernel = Mount::single(&kimg, &t.join("kernel"), "").unwrap();
+    let kernel_took = fill_up(kernel.path());
+    kernel.unmount().unwrap();
+
+    let img = common::new_image(&t, "disk.img", size);
+    let m = RwMount::start(&img, &t.join("fuse"), &NO_TIMER);
+    let took = fill_up(m.path());
+    assert!(took <= 4 << 20, "{took} bytes taken with 3 MiB free");
+    // Space back (after a commit), a new file takes what it is given.
+    fs::remove_file(m.path().join("fill")).unwrap();
+    run(Command::new(ubtrfs_bin()).arg("sync").arg(m.path())).unwrap();
+    fs::write(m.path().join("after"), &data[..16 << 20]).unwrap();
+    m.unmount_cleanly();
+    check_image(&img);
+    let k = Mount::single(&img, &t.join("kernel-reads"), "ro").unwrap();
+    assert!(
+        fs::read(k.path().join("last")).unwrap() == data[..took as usize],
+        "the refused file's data"
+    );
+    assert!(fs::read(k.path().join("after")).unwrap() == data[..16 << 20]);
+    k.unmount().unwrap();
+    eprintln!("bytes taken after the fill: kernel btrfs {kernel_took}, ubtrfs {took}");
+}
+
 /// Small files (inline data, written back only at the commit) until the
 /// metadata space runs out: the writes that do not fit get ENOSPC, and
 /// the commit still has room for everything accepted before. Before the

@@ -467,6 +467,19 @@ impl Filesystem {
         self.space_figures(&groups, data_free)
     }
 
+    /// The data space writes may still take, as [`StatFs::free_bytes`]
+    /// counts it, or `None` while another thread holds the writer (a
+    /// commit) or the filesystem is read-only: for callers that must not
+    /// wait, such as a FUSE open deciding how to cache.
+    pub fn data_free_if_idle(&self) -> Option<u64> {
+        let w = match self.writer.as_ref()?.try_lock() {
+            Ok(w) => w,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        self.writable_space_of(w).map(|(_, free, _)| free)
+    }
+
     /// For a writable filesystem: the total, free and unused bytes of
     /// [`StatFs`], the dirty data waiting for space counted as taken.
     fn writable_space(&self) -> Option<(u64, u64, u64)> {
@@ -475,6 +488,14 @@ impl Filesystem {
             .as_ref()?
             .lock()
             .unwrap_or_else(|e| e.into_inner());
+        self.writable_space_of(w)
+    }
+
+    /// [`Self::writable_space`] with the writer held.
+    fn writable_space_of(
+        &self,
+        w: std::sync::MutexGuard<'_, crate::transaction::Writer>,
+    ) -> Option<(u64, u64, u64)> {
         let data_free = w.blocks.alloc.free_bytes(crate::alloc::SpaceKind::Data);
         let groups: Vec<(u64, u64)> = w
             .blocks

@@ -1,7 +1,7 @@
 //! `ubtrfs filesystem df` prints what `btrfs filesystem df` prints on the
-//! kernel's mount of the same filesystem (but its GlobalReserve line, a
-//! figure of the kernel's own): of an image, unmounted, and of a ubtrfs
-//! mount after it wrote, in bytes (`-b`) and in btrfs-progs' units.
+//! kernel's mount of the same filesystem, GlobalReserve included (the
+//! kernel sizes it when it mounts): of an image, unmounted, and of a
+//! ubtrfs mount after it wrote, in bytes (`-b`) and in btrfs-progs' units.
 
 mod common;
 
@@ -11,7 +11,7 @@ use std::process::Command;
 use testkit::fuse_mount::UbtrfsMount;
 use testkit::{Mount, TestDir, require_privileged};
 
-/// `btrfs filesystem df` of the kernel's mount, without GlobalReserve.
+/// `btrfs filesystem df` of the kernel's mount, fresh.
 fn kernel_df(devices: &[PathBuf], mnt: &Path, options: &str, raw: bool) -> String {
     let m = Mount::new(devices, mnt, options).unwrap();
     let mut cmd = Command::new("btrfs");
@@ -26,11 +26,7 @@ fn kernel_df(devices: &[PathBuf], mnt: &Path, options: &str, raw: bool) -> Strin
         String::from_utf8_lossy(&out.stderr)
     );
     m.unmount().unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| !l.starts_with("GlobalReserve"))
-        .map(|l| format!("{l}\n"))
-        .collect()
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn ubtrfs_df(args: &[&Path], raw: bool) -> String {
@@ -99,4 +95,64 @@ fn filesystem_df_shows_what_the_kernel_shows() {
     assert_eq!(through_mount[0], kernel_df(&devices, &kmnt, "ro", true));
     assert_eq!(through_mount[1], kernel_df(&devices, &kmnt, "ro", false));
     common::check_image(&devices[0]);
+}
+
+/// The GlobalReserve line where the trees it is sized from outgrow its
+/// floor (4 KiB nodes, 16,000 files with data extents), after the kernel
+/// wrote them and after a ubtrfs mount wrote as many again: ubtrfs keeps
+/// the trees' sizes in their root items as the kernel does.
+#[test]
+fn global_reserve_follows_the_trees() {
+    require_privileged!();
+    let t = TestDir::new("filesystem-df-reserve").unwrap();
+    let img = t.join("disk.img");
+    testkit::mkfs_file(&img, 1 << 30, &["-n", "4096"]).unwrap();
+    let kmnt = t.join("kernel");
+    let write = |dir: &Path, prefix: &str| {
+        for i in 0..16_000 {
+            std::fs::write(dir.join(format!("{prefix}{i}")), [7u8; 5000]).unwrap();
+        }
+    };
+    {
+        let m = Mount::new(std::slice::from_ref(&img), &kmnt, "").unwrap();
+        write(m.path(), "k");
+        m.unmount().unwrap();
+    }
+    let reserve = |df: &str| -> u64 {
+        let line = df
+            .lines()
+            .find(|l| l.starts_with("GlobalReserve, single: total="))
+            .unwrap_or_else(|| panic!("no GlobalReserve line:\n{df}"));
+        line["GlobalReserve, single: total=".len()..]
+            .split(',')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let expected = kernel_df(std::slice::from_ref(&img), &kmnt, "ro", true);
+    // The floor with 4 KiB nodes and the free-space tree: 352 nodes.
+    assert!(reserve(&expected) > 352 * 4096, "{expected}");
+    assert_eq!(ubtrfs_df(&[&img], true), expected, "of the image");
+
+    let mnt = t.join("fuse");
+    let m = UbtrfsMount::start(
+        Path::new(common::ubtrfs_bin()),
+        std::slice::from_ref(&img),
+        &mnt,
+        &[],
+    )
+    .unwrap();
+    write(m.path(), "u");
+    let out = ubtrfs(["sync".as_ref(), m.path().as_os_str()]);
+    assert!(out.status.success());
+    let through_mount = ubtrfs_df(&[m.path()], true);
+    m.unmount().unwrap();
+    let expected_after = kernel_df(std::slice::from_ref(&img), &kmnt, "ro", true);
+    assert!(
+        reserve(&expected_after) > reserve(&expected),
+        "{expected_after}"
+    );
+    assert_eq!(through_mount, expected_after, "through the mount");
+    common::check_image(&img);
 }

@@ -1,18 +1,15 @@
 //! Space figures (`statfs`, what `df` shows) against the kernel's: the
 //! kernel writes a filesystem (one device with DUP metadata, and two in
 //! RAID1), reports its blocks, free and available blocks; the library,
-//! opened read-write on the same image, must report the same size, and
-//! free and available space within the metadata reserves (the kernel
-//! holds back its global reserve, ubtrfs its own).
+//! opened read-write on the same image, must report the same three
+//! figures, to the byte (free space less the global reserve the kernel
+//! sizes at mount, `Filesystem::global_reserve`).
 
 use std::process::Command;
 
 use testkit::xorshift_bytes as bytes;
 use testkit::{KernelImageOptions, MkfsOptions, Profile, TestDir, kernel_image};
 use ubtrfs::fs::Filesystem;
-
-/// How far the free figures may differ: the two reserves (a few MiB).
-const SLACK: u64 = 8 << 20;
 
 /// The kernel's size, free and available bytes of the mount at `mnt`.
 fn kernel_statfs(mnt: &std::path::Path) -> (u64, u64, u64) {
@@ -54,26 +51,26 @@ fn compare(name: &str, mkfs: MkfsOptions) {
         "{name}: size (ours, kernel's: {ours:?} {kernel:?})"
     );
     assert!(
-        ours.1.abs_diff(kernel.1) <= SLACK,
+        ours.1 == kernel.1,
         "{name}: unused bytes (ours, kernel's: {ours:?} {kernel:?})"
     );
     assert!(
-        ours.2.abs_diff(kernel.2) <= SLACK,
+        ours.2 == kernel.2,
         "{name}: available bytes (ours, kernel's: {ours:?} {kernel:?})"
     );
     drop(fs);
-    // Read-only, the size is the same and the rest an estimate.
+    // Read-only, from the block group items: the same.
     let ro = Filesystem::open(&image.devices).unwrap().statfs();
     assert_eq!(ro.total_bytes, kernel.0, "{name}: read-only size");
     assert!(
-        ro.unused_bytes.abs_diff(kernel.1) <= SLACK + (4 << 20),
+        ro.unused_bytes == kernel.1,
         "{name}: read-only unused bytes {} (kernel's {})",
         ro.unused_bytes,
         kernel.1
     );
     // The data is counted as used: not every allocated chunk is.
     assert!(
-        ours.0 - ours.1 < (100 << 20) + SLACK + (10 << 20),
+        ours.0 - ours.1 < (100 << 20) + (18 << 20),
         "{name}: {ours:?}"
     );
 }
@@ -148,7 +145,7 @@ fn uneven_raid1(name: &str, sizes: &[u64]) {
             "{name} {how}: size (ours, kernel's: {ours:?} {kernel:?})"
         );
         assert!(
-            ours.1.abs_diff(kernel.1) <= SLACK && ours.2.abs_diff(kernel.2) <= SLACK,
+            ours.1 == kernel.1 && ours.2 == kernel.2,
             "{name} {how}: unused and available bytes (ours, kernel's: {ours:?} {kernel:?})"
         );
     }

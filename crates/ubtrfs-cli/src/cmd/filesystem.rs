@@ -22,8 +22,9 @@ pub enum Command {
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\
 Prints a line per type and profile: its block groups' size (total) and \
-what is used in them, as `btrfs filesystem df` does, without its \
-GlobalReserve line (a figure of the kernel's own).")]
+what is used in them, as `btrfs filesystem df` does; then GlobalReserve, \
+the metadata space the kernel would hold back for this filesystem (ubtrfs \
+holds back as much in `df`'s free space).")]
 pub struct DfArgs {
     /// Sizes in bytes.
     #[arg(short = 'b', long)]
@@ -81,6 +82,14 @@ fn df_lines(spaces: &[SpaceInfo], raw: bool) -> String {
     let size = |b: u64| if raw { b.to_string() } else { human(b) };
     let mut out = String::new();
     for s in spaces {
+        if s.flags & ubtrfs::fs::SPACE_INFO_GLOBAL_RSV != 0 {
+            out += &format!(
+                "GlobalReserve, single: total={}, used={}\n",
+                size(s.total),
+                size(s.used)
+            );
+            continue;
+        }
         let kind = match s.flags & (BLOCK_GROUP_DATA | BLOCK_GROUP_SYSTEM | BLOCK_GROUP_METADATA) {
             BLOCK_GROUP_DATA => "Data",
             BLOCK_GROUP_SYSTEM => "System",

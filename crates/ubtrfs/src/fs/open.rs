@@ -435,9 +435,13 @@ impl Filesystem {
     pub fn statfs(&self) -> StatFs {
         let sb = &self.sb;
         let unused = sb.total_bytes.saturating_sub(sb.bytes_used);
+        // Outside the writer's lock: it reads the root tree.
+        let reserve = self
+            .global_reserve()
+            .unwrap_or_else(|_| self.metadata_reserve());
         let (total_bytes, free_bytes, unused_bytes) = self
-            .writable_space()
-            .or_else(|| self.read_only_space())
+            .writable_space(reserve)
+            .or_else(|| self.read_only_space(reserve))
             .unwrap_or((sb.total_bytes, unused, unused));
         StatFs {
             block_size: self.geo.sectorsize,
@@ -452,7 +456,7 @@ impl Filesystem {
     /// For a read-only filesystem, [`StatFs`]'s total, free and unused
     /// bytes from the block group items (one lookup per chunk) and the
     /// device items, counted as for a writable one.
-    fn read_only_space(&self) -> Option<(u64, u64, u64)> {
+    fn read_only_space(&self, reserve: u64) -> Option<(u64, u64, u64)> {
         let items = self.block_group_items().ok()?;
         let data_free = items
             .iter()
@@ -464,7 +468,7 @@ impl Filesystem {
             .iter()
             .map(|&(flags, _, used)| (flags, used))
             .collect();
-        self.space_figures(&groups, data_free)
+        self.space_figures(&groups, data_free, reserve)
     }
 
     /// The data space writes may still take, as [`StatFs::free_bytes`]
@@ -477,24 +481,25 @@ impl Filesystem {
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return None,
         };
-        self.writable_space_of(w).map(|(_, free, _)| free)
+        self.writable_space_of(w, 0).map(|(_, free, _)| free)
     }
 
     /// For a writable filesystem: the total, free and unused bytes of
     /// [`StatFs`], the dirty data waiting for space counted as taken.
-    fn writable_space(&self) -> Option<(u64, u64, u64)> {
+    fn writable_space(&self, reserve: u64) -> Option<(u64, u64, u64)> {
         let w = self
             .writer
             .as_ref()?
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        self.writable_space_of(w)
+        self.writable_space_of(w, reserve)
     }
 
     /// [`Self::writable_space`] with the writer held.
     fn writable_space_of(
         &self,
         w: std::sync::MutexGuard<'_, crate::transaction::Writer>,
+        reserve: u64,
     ) -> Option<(u64, u64, u64)> {
         let data_free = w.blocks.alloc.free_bytes(crate::alloc::SpaceKind::Data);
         let groups: Vec<(u64, u64)> = w
@@ -506,18 +511,24 @@ impl Filesystem {
             .collect();
         drop(w);
         let data_free = data_free.saturating_sub(self.delalloc().bytes());
-        self.space_figures(&groups, data_free)
+        self.space_figures(&groups, data_free, reserve)
     }
 
     /// [`StatFs`]'s total, free and unused bytes, as the kernel's statfs
     /// counts them, from the block groups' (flags, used bytes), the free
     /// space in data block groups, and the device items. Total: the size
     /// in the data profile's share. Unused: that less what the groups use
-    /// on the devices (each copy) and the metadata reserve. Free: the data
+    /// on the devices (each copy) and `reserve`, the global reserve the
+    /// kernel counts as used ([`Filesystem::global_reserve`]). Free: the data
     /// groups' free space, plus what the data profile can still place on
     /// the devices' unallocated space ([`stripe_room`]; for RAID5/6 the
     /// share past parity).
-    fn space_figures(&self, groups: &[(u64, u64)], data_free: u64) -> Option<(u64, u64, u64)> {
+    fn space_figures(
+        &self,
+        groups: &[(u64, u64)],
+        data_free: u64,
+        reserve: u64,
+    ) -> Option<(u64, u64, u64)> {
         let profile = groups
             .iter()
             .find(|(flags, _)| flags & BLOCK_GROUP_DATA != 0)
@@ -533,7 +544,7 @@ impl Filesystem {
         let total = self.sb.total_bytes / factor;
         let unused = total
             .saturating_sub(on_devices / factor)
-            .saturating_sub(self.metadata_reserve());
+            .saturating_sub(reserve);
         // Each device's unallocated space that chunks can take (the kernel
         // counts the superblock copies' MiB too, never the first).
         let room = self.device_room().ok()?;

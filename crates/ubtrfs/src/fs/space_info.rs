@@ -18,10 +18,64 @@ pub struct SpaceInfo {
     pub used: u64,
 }
 
+/// The flag of the global reserve's entry in [`Filesystem::space_info`]
+/// (`BTRFS_SPACE_INFO_GLOBAL_RSV` of the kernel's space ioctl).
+pub const SPACE_INFO_GLOBAL_RSV: u64 = 1 << 49;
+
+/// The kernel's global reserve never grows past this.
+const GLOBAL_RESERVE_MAX: u64 = 512 << 20;
+
 impl Filesystem {
+    /// The size of the kernel's global block reserve, the metadata space it
+    /// holds back so that a commit and an unlink can always go through, as
+    /// it sizes it when it mounts this filesystem: the bytes of the extent,
+    /// checksum, free-space and block group trees (their root items'
+    /// `bytes_used`), but at least room to change the root tree and each
+    /// of those trees, and to unlink (6 items) with the unlink's delayed
+    /// references (6 more, twice as many with the free-space tree), each
+    /// item taking 16 nodes (8 levels, copied and split); at most 512 MiB.
+    /// (Found by mounting filesystems of each node size, with and without
+    /// the free-space tree, and large ones.) `btrfs filesystem df` shows
+    /// it as GlobalReserve, and statfs counts it as used.
+    pub fn global_reserve(&self) -> Result<u64> {
+        let sb = self.superblock();
+        let fst = sb.compat_ro_flags & COMPAT_RO_FREE_SPACE_TREE != 0;
+        let mut trees = vec![EXTENT_TREE_OBJECTID, CSUM_TREE_OBJECTID];
+        if fst {
+            trees.push(FREE_SPACE_TREE_OBJECTID);
+        }
+        if sb.compat_ro_flags & COMPAT_RO_BLOCK_GROUP_TREE != 0 {
+            trees.push(BLOCK_GROUP_TREE_OBJECTID);
+        }
+        let mut used = 0u64;
+        for &id in &trees {
+            let (_, item) = self.root_item_bytes(id)?;
+            let item = crate::format::items::RootItem::parse(&item)?;
+            used = used.saturating_add(item.bytes_used);
+        }
+        let unlink = 6u64;
+        let items = 1 + trees.len() as u64 + unlink + if fst { 2 * unlink } else { unlink };
+        let floor = u64::from(sb.nodesize) * 16 * items;
+        Ok(used.max(floor).min(GLOBAL_RESERVE_MAX))
+    }
+
     /// The space of each type and profile, in the kernel's order: data,
-    /// system, metadata (mixed groups last), each profile once.
+    /// system, metadata (mixed groups last), each profile once; then the
+    /// global reserve ([`SPACE_INFO_GLOBAL_RSV`], none of it in use), as
+    /// the kernel's space ioctl lists it.
     pub fn space_info(&self) -> Result<Vec<SpaceInfo>> {
+        let reserve = self.global_reserve()?;
+        let mut out = self.group_space_info()?;
+        out.push(SpaceInfo {
+            flags: SPACE_INFO_GLOBAL_RSV,
+            total: reserve,
+            used: 0,
+        });
+        Ok(out)
+    }
+
+    /// [`Self::space_info`] of the block groups alone.
+    fn group_space_info(&self) -> Result<Vec<SpaceInfo>> {
         let groups = self.block_group_usage()?;
         let mut out: Vec<SpaceInfo> = Vec::new();
         for (flags, len, used) in groups {

@@ -2100,6 +2100,10 @@ impl FuseFs {
                     Err(e) => reply.error(e),
                 }
             }
+            control::UBTRFS_IOC_USAGE => match self.served.read(|fs| fs.usage().map_err(errno)) {
+                Ok(u) => reply.ioctl(0, &control::encode_usage(&u)),
+                Err(e) => reply.error(e),
+            },
             control::UBTRFS_IOC_SCRUB => {
                 if !caller_access::Credentials::is_admin(req.uid(), req.pid()) {
                     return reply.error(Errno::EPERM);

@@ -156,3 +156,120 @@ fn global_reserve_follows_the_trees() {
     assert_eq!(through_mount, expected_after, "through the mount");
     common::check_image(&img);
 }
+
+/// `btrfs filesystem usage` of the kernel's read-write mount of `images`
+/// (a read-only mount leaves the data chunks' free space out of statfs),
+/// its loop devices named as the images.
+fn kernel_usage(images: &[PathBuf], mnt: &Path, raw: bool) -> String {
+    let m = Mount::new(images, mnt, "").unwrap();
+    let mut cmd = Command::new("btrfs");
+    cmd.args(["filesystem", "usage"]);
+    if raw {
+        cmd.arg("-b");
+    }
+    let out = cmd.arg(m.path()).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let loops: Vec<String> = m
+        .devices()
+        .iter()
+        .map(|d| d.display().to_string())
+        .collect();
+    m.unmount().unwrap();
+    // Longest names first: /dev/loop1 is a prefix of /dev/loop10.
+    let mut pairs: Vec<(String, String)> = loops
+        .into_iter()
+        .zip(images.iter().map(|i| i.display().to_string()))
+        .collect();
+    pairs.sort_by_key(|(l, _)| std::cmp::Reverse(l.len()));
+    for (l, i) in pairs {
+        text = text.replace(&format!("   {l}\t"), &format!("   {i}\t"));
+    }
+    text
+}
+
+fn ubtrfs_usage(args: &[&Path], raw: bool) -> String {
+    let mut all: Vec<&std::ffi::OsStr> = vec!["filesystem".as_ref(), "usage".as_ref()];
+    if raw {
+        all.push("-b".as_ref());
+    }
+    all.extend(args.iter().map(|p| p.as_os_str()));
+    let out = ubtrfs(&all);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `ubtrfs filesystem usage` prints what `btrfs filesystem usage` prints
+/// on the kernel's mount: one device with DUP metadata; RAID1 over devices
+/// of 1 and 3 GiB, one of them grown after mkfs (slack); of the images and
+/// through a ubtrfs mount that wrote.
+#[test]
+fn filesystem_usage_shows_what_the_kernel_shows() {
+    require_privileged!();
+    let t = TestDir::new("filesystem-usage").unwrap();
+    let one = vec![t.join("one.img")];
+    testkit::mkfs_file(&one[0], 1 << 30, &["-n", "4096"]).unwrap();
+    let two = vec![t.join("r0.img"), t.join("r1.img")];
+    for (p, size) in two.iter().zip([1u64 << 30, 3 << 30]) {
+        std::fs::File::create(p).unwrap().set_len(size).unwrap();
+    }
+    let out = Command::new("mkfs.btrfs")
+        .args(["-q", "-f", "-d", "raid1", "-m", "raid1"])
+        .args(&two)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&two[1])
+        .unwrap()
+        .set_len((3 << 30) + (512 << 20))
+        .unwrap();
+    let kmnt = t.join("kernel");
+    for images in [&one, &two] {
+        {
+            let m = Mount::new(images, &kmnt, "").unwrap();
+            std::fs::write(m.path().join("big"), vec![7u8; 30 << 20]).unwrap();
+            for i in 0..2000 {
+                std::fs::write(m.path().join(format!("f{i}")), [1u8; 5000]).unwrap();
+            }
+            m.unmount().unwrap();
+        }
+        let paths: Vec<&Path> = images.iter().map(|d| d.as_path()).collect();
+        for raw in [true, false] {
+            let ours = ubtrfs_usage(&paths, raw);
+            let expected = kernel_usage(images, &kmnt, raw);
+            assert!(expected.contains("Unallocated:"), "{expected}");
+            assert_eq!(ours, expected, "of {paths:?}");
+        }
+
+        let mnt = t.join("fuse");
+        let m = UbtrfsMount::start(Path::new(common::ubtrfs_bin()), images, &mnt, &[]).unwrap();
+        std::fs::write(m.path().join("more"), vec![9u8; 40 << 20]).unwrap();
+        for i in 0..2000 {
+            std::fs::write(m.path().join(format!("g{i}")), [2u8; 5000]).unwrap();
+        }
+        let out = ubtrfs(["sync".as_ref(), m.path().as_os_str()]);
+        assert!(out.status.success());
+        let through_mount = ubtrfs_usage(&[m.path()], true);
+        m.unmount().unwrap();
+        assert_eq!(
+            through_mount,
+            kernel_usage(images, &kmnt, true),
+            "through the mount of {paths:?}"
+        );
+    }
+    common::check_image(&one[0]);
+}

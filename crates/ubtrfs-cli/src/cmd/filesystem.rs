@@ -7,7 +7,7 @@ use clap::Subcommand;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use ubtrfs::format::consts::*;
-use ubtrfs::fs::SpaceInfo;
+use ubtrfs::fs::{SpaceInfo, Usage};
 use ubtrfs::mkfs::human;
 use ubtrfs::volume::Profile;
 
@@ -16,6 +16,26 @@ use ubtrfs::volume::Profile;
 pub enum Command {
     /// Show the space of each block group type and profile.
     Df(DfArgs),
+    /// Show the space of the devices and of each type and profile.
+    Usage(UsageArgs),
+}
+
+/// Arguments of `filesystem usage`.
+#[derive(clap::Args, Debug)]
+#[command(after_help = "\
+Prints what `btrfs filesystem usage` prints: the devices' size, what \
+chunks take of it and what is left, what is used, the free space for data \
+(estimated from the profiles, and as df says it), the profiles' ratios \
+and the global reserve; then for each type and profile its size, what is \
+used, and what each device holds of it; then each device's unallocated \
+space.")]
+pub struct UsageArgs {
+    /// Sizes in bytes.
+    #[arg(short = 'b', long)]
+    raw: bool,
+    /// The filesystem's devices (all of them), or a path in a ubtrfs mount.
+    #[arg(value_name = "DEVICE|PATH", required = true)]
+    args: Vec<PathBuf>,
 }
 
 /// Arguments of `filesystem df`.
@@ -47,7 +67,239 @@ pub fn run(command: Command) -> Result<()> {
             print!("{}", df_lines(&spaces, a.raw));
             Ok(())
         }
+        Command::Usage(a) => {
+            let usage = match &a.args[..] {
+                [dir] if dir.is_dir() => usage_from_mount(dir)?,
+                devices => super::open_fs(devices)?
+                    .usage()
+                    .context("reading the chunks and block groups")?,
+            };
+            print!("{}", usage_lines(&usage, a.raw));
+            Ok(())
+        }
     }
+}
+
+/// Ask the mount at `dir` (`UBTRFS_IOC_USAGE`).
+fn usage_from_mount(dir: &Path) -> Result<Usage> {
+    use crate::fuse::control;
+    super::umount::server_info(dir)
+        .map_err(|e| anyhow::anyhow!("{}: not in a ubtrfs mount ({e})", dir.display()))?;
+    let f = std::fs::File::open(dir).with_context(|| dir.display().to_string())?;
+    let mut buf = vec![0u8; control::USAGE_SIZE];
+    // SAFETY: the ioctl writes at most the size its number encodes, which
+    // is the buffer's.
+    let rc = unsafe {
+        libc::ioctl(
+            f.as_raw_fd(),
+            control::UBTRFS_IOC_USAGE as _,
+            buf.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ENOTTY) {
+            bail!("{}: the mount is too old to tell its usage", dir.display());
+        }
+        return Err(e).with_context(|| format!("asking {} for its usage", dir.display()));
+    }
+    control::decode_usage(&buf)
+        .with_context(|| format!("{}: the mount's reply is cut short", dir.display()))
+}
+
+/// The name of a block group type, as btrfs-progs prints it.
+fn kind_name(flags: u64) -> &'static str {
+    match flags & (BLOCK_GROUP_DATA | BLOCK_GROUP_SYSTEM | BLOCK_GROUP_METADATA) {
+        BLOCK_GROUP_DATA => "Data",
+        BLOCK_GROUP_SYSTEM => "System",
+        BLOCK_GROUP_METADATA => "Metadata",
+        f if f == BLOCK_GROUP_DATA | BLOCK_GROUP_METADATA => "Data+Metadata",
+        _ => "unknown",
+    }
+}
+
+/// `btrfs filesystem usage`'s lines.
+fn usage_lines(u: &Usage, raw: bool) -> String {
+    let size = |b: u64| if raw { b.to_string() } else { human(b) };
+    let width = if raw { 18 } else { 10 };
+    let groups: Vec<&SpaceInfo> = u
+        .spaces
+        .iter()
+        .filter(|s| s.flags & ubtrfs::fs::SPACE_INFO_GLOBAL_RSV == 0)
+        .collect();
+    let reserve = u
+        .spaces
+        .iter()
+        .find(|s| s.flags & ubtrfs::fs::SPACE_INFO_GLOBAL_RSV != 0);
+    // Raw bytes the chunks of `flags` take on all devices.
+    let raw_of = |flags: u64| -> u64 {
+        u.devices
+            .iter()
+            .flat_map(|d| &d.allocated)
+            .filter(|(f, _)| *f == flags)
+            .map(|(_, b)| b)
+            .sum()
+    };
+    // Raw over logical size of the groups of a type.
+    let ratio = |kind: u64| -> f64 {
+        let of_kind = groups.iter().filter(|s| s.flags & kind != 0);
+        let (logical, raw): (u64, u64) =
+            of_kind.fold((0, 0), |(l, r), s| (l + s.total, r + raw_of(s.flags)));
+        if logical == 0 {
+            0.0
+        } else {
+            raw as f64 / logical as f64
+        }
+    };
+    let device_size: u64 = u.devices.iter().map(|d| d.total_bytes).sum();
+    let allocated: u64 = u
+        .devices
+        .iter()
+        .flat_map(|d| &d.allocated)
+        .map(|(_, b)| b)
+        .sum();
+    let unallocated = device_size.saturating_sub(allocated);
+    let missing: u64 = u
+        .devices
+        .iter()
+        .filter(|d| d.path.is_none())
+        .map(|d| d.total_bytes)
+        .sum();
+    let slack: u64 = u
+        .devices
+        .iter()
+        .filter(|d| d.path.is_some())
+        .map(|d| d.device_size.saturating_sub(d.total_bytes))
+        .sum();
+    let used: u64 = groups
+        .iter()
+        .map(|s| {
+            let r = raw_of(s.flags);
+            if s.total == 0 {
+                0
+            } else {
+                (u128::from(s.used) * u128::from(r) / u128::from(s.total)) as u64
+            }
+        })
+        .sum();
+    let (data_ratio, meta_ratio) = (ratio(BLOCK_GROUP_DATA), ratio(BLOCK_GROUP_METADATA));
+    let data_free: u64 = groups
+        .iter()
+        .filter(|s| s.flags & BLOCK_GROUP_DATA != 0)
+        .map(|s| s.total.saturating_sub(s.used))
+        .sum();
+    let share = |r: f64| {
+        if r > 0.0 {
+            (unallocated as f64 / r) as u64
+        } else {
+            0
+        }
+    };
+    let free = data_free + share(data_ratio);
+    let free_min = data_free + share(data_ratio.max(meta_ratio));
+    let kinds = [BLOCK_GROUP_DATA, BLOCK_GROUP_METADATA, BLOCK_GROUP_SYSTEM];
+    let multiple = kinds.iter().any(|&k| {
+        groups
+            .iter()
+            .filter(|s| {
+                s.flags & (BLOCK_GROUP_DATA | BLOCK_GROUP_SYSTEM | BLOCK_GROUP_METADATA) == k
+            })
+            .count()
+            > 1
+    });
+    let mut out = String::from("Overall:\n");
+    let mut line = |label: &str, tabs: &str, value: String, extra: String| {
+        out += &format!("    {label}:{tabs}{value:>width$}{extra}\n");
+    };
+    line("Device size", "\t\t", size(device_size), String::new());
+    line("Device allocated", "\t\t", size(allocated), String::new());
+    line(
+        "Device unallocated",
+        "\t\t",
+        size(unallocated),
+        String::new(),
+    );
+    line("Device missing", "\t\t", size(missing), String::new());
+    line("Device slack", "\t\t", size(slack), String::new());
+    line("Used", "\t\t\t", size(used), String::new());
+    line(
+        "Free (estimated)",
+        "\t\t",
+        size(free),
+        format!("\t(min: {})", size(free_min)),
+    );
+    line(
+        "Free (statfs, df)",
+        "\t\t",
+        size(u.statfs_free),
+        String::new(),
+    );
+    line(
+        "Data ratio",
+        "\t\t\t",
+        format!("{data_ratio:.2}"),
+        String::new(),
+    );
+    line(
+        "Metadata ratio",
+        "\t\t",
+        format!("{meta_ratio:.2}"),
+        String::new(),
+    );
+    line(
+        "Global reserve",
+        "\t\t",
+        size(reserve.map_or(0, |r| r.total)),
+        format!("\t(used: {})", size(reserve.map_or(0, |r| r.used))),
+    );
+    line(
+        "Multiple profiles",
+        "\t\t",
+        (if multiple { "yes" } else { "no" }).to_string(),
+        String::new(),
+    );
+    let device_name = |d: &ubtrfs::fs::DeviceUsage| match &d.path {
+        Some(p) => p.display().to_string(),
+        None => "missing".to_string(),
+    };
+    // Types in the order btrfs-progs shows them.
+    let order = |f: u64| match f & (BLOCK_GROUP_DATA | BLOCK_GROUP_SYSTEM | BLOCK_GROUP_METADATA) {
+        BLOCK_GROUP_DATA => 0,
+        BLOCK_GROUP_METADATA => 2,
+        BLOCK_GROUP_SYSTEM => 3,
+        _ => 1,
+    };
+    let mut sections = groups.clone();
+    sections.sort_by_key(|s| (order(s.flags), s.flags));
+    for s in sections {
+        let profile = Profile::from_flags(s.flags).map_or("unknown", |p| p.name());
+        let pct = if s.total == 0 {
+            0.0
+        } else {
+            s.used as f64 * 100.0 / s.total as f64
+        };
+        out += &format!(
+            "\n{},{profile}: Size:{}, Used:{} ({pct:.2}%)\n",
+            kind_name(s.flags),
+            size(s.total),
+            size(s.used)
+        );
+        for d in &u.devices {
+            if let Some((_, b)) = d.allocated.iter().find(|(f, _)| *f == s.flags) {
+                out += &format!("   {}\t{:>10}\n", device_name(d), size(*b));
+            }
+        }
+    }
+    out += "\nUnallocated:\n";
+    for d in &u.devices {
+        let taken: u64 = d.allocated.iter().map(|(_, b)| b).sum();
+        out += &format!(
+            "   {}\t{:>10}\n",
+            device_name(d),
+            size(d.total_bytes.saturating_sub(taken))
+        );
+    }
+    out
 }
 
 /// Ask the mount at `dir` (`UBTRFS_IOC_SPACE_INFO`).

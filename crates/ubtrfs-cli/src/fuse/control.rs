@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use ubtrfs::format::Key;
-use ubtrfs::fs::SpaceInfo;
+use ubtrfs::fs::{DeviceUsage, SpaceInfo, Usage};
 use ubtrfs::scrub::{ScrubCursor, ScrubPhase, ScrubReport};
 
 /// `_IOR('u', 0xe0, [u64; INFO_WORDS])`: fills [`INFO_WORDS`] little-endian
@@ -238,6 +238,99 @@ pub fn decode_space(buf: &[u8]) -> Option<Vec<SpaceInfo>> {
         .collect()
 }
 
+/// `_IOR('u', 0xe4, [u8; USAGE_SIZE])`: what `ubtrfs filesystem usage`
+/// shows: the spaces as [`encode_space`] packs them, statfs's available
+/// bytes, then a `u32` count of devices, each with its id, size used,
+/// size, flags (bit 0: present), a `u32` count of (flags, bytes) pairs
+/// of its chunks, those, and its path (`u32` length, bytes).
+pub const UBTRFS_IOC_USAGE: u32 =
+    (2 << 30) | ((USAGE_SIZE as u32) << 16) | ((b'u' as u32) << 8) | 0xe4;
+/// Size of the usage ioctl's buffer.
+pub const USAGE_SIZE: usize = 8192;
+
+/// Pack `u` into a reply (as many devices as fit).
+pub fn encode_usage(u: &Usage) -> Vec<u8> {
+    let mut out = encode_space(&u.spaces);
+    out.extend_from_slice(&u.statfs_free.to_le_bytes());
+    let count_at = out.len();
+    out.extend_from_slice(&0u32.to_le_bytes());
+    let mut n = 0u32;
+    for d in &u.devices {
+        let mut rec = Vec::new();
+        let present = u64::from(d.path.is_some());
+        for w in [d.devid, d.total_bytes, d.device_size, present] {
+            rec.extend_from_slice(&w.to_le_bytes());
+        }
+        rec.extend_from_slice(&(d.allocated.len() as u32).to_le_bytes());
+        for &(f, b) in &d.allocated {
+            rec.extend_from_slice(&f.to_le_bytes());
+            rec.extend_from_slice(&b.to_le_bytes());
+        }
+        use std::os::unix::ffi::OsStrExt;
+        let path = d
+            .path
+            .as_deref()
+            .map_or(&[][..], |p| p.as_os_str().as_bytes());
+        let path = &path[..path.len().min(1024)];
+        rec.extend_from_slice(&(path.len() as u32).to_le_bytes());
+        rec.extend_from_slice(path);
+        if out.len() + rec.len() > USAGE_SIZE {
+            break;
+        }
+        out.extend_from_slice(&rec);
+        n += 1;
+    }
+    out[count_at..count_at + 4].copy_from_slice(&n.to_le_bytes());
+    out
+}
+
+/// Unpack [`encode_usage`]; `None` if it is cut short.
+pub fn decode_usage(buf: &[u8]) -> Option<Usage> {
+    let spaces = decode_space(buf)?;
+    let mut at = 4 + spaces.len() * 24;
+    let u64_at = |at: usize| Some(u64::from_le_bytes(buf.get(at..at + 8)?.try_into().ok()?));
+    let u32_at = |at: usize| Some(u32::from_le_bytes(buf.get(at..at + 4)?.try_into().ok()?));
+    let statfs_free = u64_at(at)?;
+    at += 8;
+    let n = u32_at(at)?;
+    at += 4;
+    let mut devices = Vec::new();
+    for _ in 0..n {
+        let (devid, total_bytes, device_size, present) = (
+            u64_at(at)?,
+            u64_at(at + 8)?,
+            u64_at(at + 16)?,
+            u64_at(at + 24)?,
+        );
+        at += 32;
+        let pairs = u32_at(at)? as usize;
+        at += 4;
+        let mut allocated = Vec::new();
+        for _ in 0..pairs {
+            allocated.push((u64_at(at)?, u64_at(at + 8)?));
+            at += 16;
+        }
+        let len = u32_at(at)? as usize;
+        at += 4;
+        let path = buf.get(at..at + len)?;
+        at += len;
+        use std::os::unix::ffi::OsStrExt;
+        devices.push(DeviceUsage {
+            devid,
+            path: (present & 1 != 0)
+                .then(|| std::path::PathBuf::from(std::ffi::OsStr::from_bytes(path))),
+            total_bytes,
+            device_size,
+            allocated,
+        });
+    }
+    Some(Usage {
+        spaces,
+        devices,
+        statfs_free,
+    })
+}
+
 /// Pack `subvols` (in id order, all above the asked id) into a reply.
 pub fn encode_list(subvols: &[ListedSubvol]) -> Vec<u8> {
     let mut out = vec![0u8; 4];
@@ -408,6 +501,39 @@ mod tests {
         assert!(b.len() <= SPACE_SIZE);
         assert_eq!(decode_space(&b), Some(spaces));
         assert_eq!(decode_space(&b[..20]), None);
+    }
+
+    #[test]
+    fn usage_round_trips() {
+        assert_eq!(UBTRFS_IOC_USAGE, 0x8000_75e4 | ((USAGE_SIZE as u32) << 16));
+        let u = Usage {
+            spaces: vec![SpaceInfo {
+                flags: 1,
+                total: 8 << 20,
+                used: 4096,
+            }],
+            devices: vec![
+                DeviceUsage {
+                    devid: 1,
+                    path: Some("/a/disk.img".into()),
+                    total_bytes: 1 << 30,
+                    device_size: (1 << 30) + 4096,
+                    allocated: vec![(1, 8 << 20), (4 | 32, 64 << 20)],
+                },
+                DeviceUsage {
+                    devid: 3,
+                    path: None,
+                    total_bytes: 2 << 30,
+                    device_size: 0,
+                    allocated: vec![],
+                },
+            ],
+            statfs_free: 12345,
+        };
+        let b = encode_usage(&u);
+        assert!(b.len() <= USAGE_SIZE);
+        assert_eq!(decode_usage(&b), Some(u));
+        assert_eq!(decode_usage(&b[..b.len() - 1]), None);
     }
 
     #[test]

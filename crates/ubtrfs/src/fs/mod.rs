@@ -28,5 +28,5 @@ pub use links::{RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT};
 pub use namespace::NewInode;
 pub use open::{Filesystem, Geometry, StatFs};
 pub use props::COMPRESSION_PROP;
-pub use space_info::{SPACE_INFO_GLOBAL_RSV, SpaceInfo};
+pub use space_info::{DeviceUsage, SPACE_INFO_GLOBAL_RSV, SpaceInfo, Usage};
 pub use subvol::SubvolInfo;

@@ -142,3 +142,77 @@ impl Filesystem {
         Ok(out)
     }
 }
+
+/// One device's part in [`Usage`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceUsage {
+    pub devid: u64,
+    /// Where it was opened from; `None` if it is missing.
+    pub path: Option<std::path::PathBuf>,
+    /// The size the filesystem uses of it (its device item).
+    pub total_bytes: u64,
+    /// The size of the device or image itself (0 if missing): past
+    /// `total_bytes` is slack.
+    pub device_size: u64,
+    /// Bytes of it in chunks, per block group flags (type and profile).
+    pub allocated: Vec<(u64, u64)>,
+}
+
+/// Everything `btrfs filesystem usage` shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Usage {
+    /// As [`Filesystem::space_info`], the global reserve last.
+    pub spaces: Vec<SpaceInfo>,
+    /// By device id.
+    pub devices: Vec<DeviceUsage>,
+    /// What statfs says is available ([`super::StatFs::free_bytes`]).
+    pub statfs_free: u64,
+}
+
+impl Filesystem {
+    /// The space of each kind and profile, and of each device: its size,
+    /// what its chunks take of it by kind and profile, and what is left.
+    pub fn usage(&self) -> Result<Usage> {
+        let spaces = self.space_info()?;
+        let statfs_free = self.statfs().free_bytes;
+        let mut devices = Vec::new();
+        for item in self
+            .chunk_tree()
+            .items_of(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY)?
+        {
+            let item = crate::format::items::DevItem::parse(item?.data())?;
+            let dev = self.tree_reader().volume().devices.get(item.devid);
+            devices.push(DeviceUsage {
+                devid: item.devid,
+                path: dev.map(|d| d.path().to_path_buf()),
+                total_bytes: item.total_bytes,
+                device_size: dev.map_or(0, |d| d.size()),
+                allocated: Vec::new(),
+            });
+        }
+        devices.sort_by_key(|d| d.devid);
+        for c in self.tree_reader().volume().chunks.all() {
+            let n = c.item.stripes.len() as u64;
+            let span =
+                crate::volume::chunk_map::Chunk::stripe_span(c.profile, &c.item, n).unwrap_or(0);
+            for s in &c.item.stripes {
+                let Some(d) = devices.iter_mut().find(|d| d.devid == s.devid) else {
+                    continue;
+                };
+                match d
+                    .allocated
+                    .iter_mut()
+                    .find(|(f, _)| *f == c.item.chunk_type)
+                {
+                    Some((_, b)) => *b += span,
+                    None => d.allocated.push((c.item.chunk_type, span)),
+                }
+            }
+        }
+        Ok(Usage {
+            spaces,
+            devices,
+            statfs_free,
+        })
+    }
+}

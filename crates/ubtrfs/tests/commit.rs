@@ -279,6 +279,114 @@ fn a_full_disk_says_enospc_and_keeps_what_was_committed() {
     assert_eq!(fs.read_all(kept).unwrap(), vec![7u8; 10 << 20]);
 }
 
+/// A write that does not fit, with the disk nearly full, is refused or
+/// cut short, and the filesystem goes on taking changes: past the end of
+/// a small (inline) file, whose last sector and inline data move first;
+/// past the end of a file whose last sector is partly used; into the
+/// middle of a file; a long write. Each time the rest still commits.
+#[test]
+fn writes_that_do_not_fit_leave_the_filesystem_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let imgs = mkfs(dir.path(), &["-m", "single", "-d", "single"], 1, 300 << 20);
+    let fs = Filesystem::open_read_write(&imgs).unwrap();
+    let small = fs.create(fs.root(), b"small", file(0o644)).unwrap().id;
+    fs.write(small, 0, &[1u8; 100]).unwrap();
+    let tail = fs.create(fs.root(), b"tail", file(0o644)).unwrap().id;
+    fs.write(tail, 0, &[2u8; 10_000]).unwrap();
+    let mid = fs.create(fs.root(), b"mid", file(0o644)).unwrap().id;
+    fs.write(mid, 0, &[3u8; 1 << 20]).unwrap();
+    fs.commit().unwrap();
+    // Fill up to within 1 MiB of full, committed.
+    let fill = fs.create(fs.root(), b"fill", file(0o644)).unwrap().id;
+    let chunk = vec![9u8; 1 << 20];
+    let mut at = 0u64;
+    loop {
+        let left = fs.statfs().free_bytes;
+        if left <= 2 << 20 {
+            break;
+        }
+        let n = (left - (1 << 20)).min(chunk.len() as u64) as usize;
+        fs.write(fill, at, &chunk[..n]).unwrap();
+        at += n as u64;
+        if at.is_multiple_of(32 << 20) {
+            fs.commit().unwrap();
+        }
+    }
+    fs.commit().unwrap();
+    let big = vec![5u8; 3 << 20];
+    for (what, id, offset) in [
+        ("past an inline file's end", small, 1u64 << 20),
+        ("past a partly used last sector", tail, 1 << 20),
+        ("into the middle", mid, 4096),
+        (
+            "a new file",
+            fs.create(fs.root(), b"new", file(0o644)).unwrap().id,
+            0,
+        ),
+    ] {
+        match fs.write(id, offset, &big) {
+            Ok(n) => assert!(n <= big.len(), "{what}: {n}"),
+            Err(e) => assert!(matches!(e, ubtrfs::Error::NoSpace(_)), "{what}: {e:?}"),
+        }
+        assert_eq!(fs.aborted(), None, "{what}");
+        fs.commit()
+            .unwrap_or_else(|e| panic!("{what}: commit: {e:?}"));
+    }
+    drop(fs);
+    check(&imgs);
+}
+
+/// A write past the end of a small (inline) file when the disk is full
+/// but for one freed MiB: reserving room for it commits (the last try
+/// before ENOSPC), which writes the file's dirty last sector back inline;
+/// the write then counts the sector its data moves to again. It once did
+/// not, took 4 KiB more than there was, and the next commit ran out of
+/// space half-way, which stopped the filesystem.
+#[test]
+fn reserving_for_a_write_counts_again_after_a_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let imgs = mkfs(dir.path(), &["-m", "single", "-d", "single"], 1, 300 << 20);
+    let fs = Filesystem::open_read_write(&imgs).unwrap();
+    let z = fs.create(fs.root(), b"z", file(0o644)).unwrap().id;
+    fs.write(z, 0, &[1u8; 100]).unwrap();
+    let mib = fs.create(fs.root(), b"mib", file(0o644)).unwrap().id;
+    fs.write(mib, 0, &vec![2u8; 1 << 20]).unwrap();
+    fs.commit().unwrap();
+    // Everything else full, committed.
+    let fill = fs.create(fs.root(), b"fill", file(0o644)).unwrap().id;
+    let mut at = 0u64;
+    for step in [1u64 << 20, 4096] {
+        let buf = vec![9u8; step as usize];
+        while fs.write(fill, at, &buf).is_ok() {
+            at += step;
+            if at.is_multiple_of(16 << 20) {
+                fs.commit().unwrap();
+            }
+        }
+        fs.commit().unwrap();
+    }
+    // One MiB free, and a change since the commit (so that there is
+    // something to commit).
+    fs.unlink(fs.root(), b"mib").unwrap();
+    fs.commit().unwrap();
+    fs.mkdir(fs.root(), b"d", 0o755, 0, 0).unwrap();
+    let data = vec![5u8; (1 << 20) - 48];
+    let first = fs.write(z, 1 << 20, &data);
+    assert!(
+        matches!(first, Ok(_) | Err(ubtrfs::Error::NoSpace(_))),
+        "{first:?}"
+    );
+    let second = fs.write(z, (2 << 20) - 48, &vec![6u8; (1 << 20) + 48]);
+    assert!(
+        matches!(second, Ok(_) | Err(ubtrfs::Error::NoSpace(_))),
+        "{second:?}"
+    );
+    assert_eq!(fs.aborted(), None);
+    fs.commit().unwrap();
+    drop(fs);
+    check(&imgs);
+}
+
 /// Chunk items of each type ("DATA", "METADATA", ...) in an image.
 fn chunks(img: &Path, kind: &str) -> usize {
     let out = Command::new("btrfs")

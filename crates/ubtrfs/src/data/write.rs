@@ -115,16 +115,27 @@ impl Filesystem {
             let ss = self.geometry().sectorsize as u64;
             let first = offset / ss;
             let last = (end - 1) / ss;
-            // A file outgrowing its inline extent moves it to sector 0 of its data.
-            let uninline = (new_size > MAX_INLINE || new_size >= ss) && self.has_inline(id)?;
-            let new_sectors = {
-                let d = self.delalloc();
-                (first..=last)
-                    .filter(|&i| d.sector(id, i).is_none())
-                    .count() as u64
-                    + u64::from(uninline && first > 0 && d.sector(id, 0).is_none())
+            // The sectors this write makes dirty, and whether the file
+            // outgrows its inline extent (which moves to sector 0 of its
+            // data). Reserving may commit, which writes dirty sectors back
+            // (and an inline extent's moved sector): they count again then.
+            let mut tries = 0;
+            let (uninline, new_sectors) = loop {
+                let uninline = (new_size > MAX_INLINE || new_size >= ss) && self.has_inline(id)?;
+                let new_sectors = {
+                    let d = self.delalloc();
+                    (first..=last)
+                        .filter(|&i| d.sector(id, i).is_none())
+                        .count() as u64
+                        + u64::from(uninline && first > 0 && d.sector(id, 0).is_none())
+                };
+                let transid = w.blocks.transid;
+                self.reserve_dirty_space(&mut w, new_sectors * ss)?;
+                tries += 1;
+                if w.blocks.transid == transid || tries == 3 {
+                    break (uninline, new_sectors);
+                }
             };
-            self.reserve_dirty_space(&mut w, new_sectors * ss)?;
             // What writing it back will take of metadata: a small file's data
             // itself (an inline extent), else an extent item and checksums.
             let metadata = if new_size <= MAX_INLINE {

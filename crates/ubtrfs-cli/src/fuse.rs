@@ -34,11 +34,11 @@
 //!   only partly overwrites.
 //! * pages stay cached across opens (`FOPEN_KEEP_CACHE`): the kernel drops
 //!   by itself what truncate, fallocate and copy_file_range change.
-//! * while the filesystem is nearly full, files opened for writing bypass
+//! * while the filesystem is nearly full, files opened write-only bypass
 //!   the page cache (`FOPEN_DIRECT_IO`), so a write that does not fit is
-//!   refused to the writer (see `space_watch.rs`). Such files, like
-//!   append-only and synchronous ones, may still be mapped shared
-//!   (`FUSE_DIRECT_IO_ALLOW_MMAP`).
+//!   refused to the writer (see `space_watch.rs`). Append-only and
+//!   synchronous files opened for writing bypass it too, and may still be
+//!   mapped shared (`FUSE_DIRECT_IO_ALLOW_MMAP`).
 //! * entries (negative ones too) and attributes are cached for [`TTL_RW`]
 //!   (read-write) or [`TTL_RO`]. Every reply that creates or changes an
 //!   inode carries its fresh attributes, and the kernel drops what it
@@ -227,7 +227,7 @@ pub struct FuseFs {
     nologreplay: bool,
     /// Inodes open for writing, with how many opens: the kernel may hold
     /// dirty pages of them (see [`FuseFs::on_lseek`]).
-    writers: Arc<std::sync::Mutex<std::collections::HashMap<InodeId, u32>>>,
+    writers: Arc<std::sync::Mutex<std::collections::HashMap<InodeId, Writers>>>,
     /// Per open directory (by its file handle), the end of the entry
     /// indexes its listing shows ([`Filesystem::dir_index_end`]).
     dir_ends: Arc<std::sync::Mutex<std::collections::HashMap<u64, u64>>>,
@@ -241,9 +241,21 @@ pub struct FuseFs {
 /// A job of [`FuseFs::writeback_waits`].
 type WaitJob = Box<dyn FnOnce() + Send>;
 
-/// The file handle of opens for writing: their release counts them out
-/// of [`FuseFs::writers`]. Others have 0.
+/// The file handle of opens for writing through the page cache: their
+/// release counts them out of [`FuseFs::writers`]. Others have 0.
 const WRITER_FH: FileHandle = FileHandle(1);
+/// The file handle of opens for writing past the page cache
+/// (`FOPEN_DIRECT_IO`), counted likewise.
+const DIRECT_WRITER_FH: FileHandle = FileHandle(2);
+
+/// Opens of one inode for writing.
+#[derive(Clone, Copy, Default)]
+struct Writers {
+    /// All of them.
+    all: u32,
+    /// Those through the page cache.
+    cached: u32,
+}
 
 /// Capabilities the kernel agreed to at init (set once, before any other
 /// request).
@@ -416,25 +428,71 @@ impl FuseFs {
         Some(*end)
     }
 
-    /// Count an open of `id` for writing; returns its file handle.
-    fn writer_opened(&self, id: InodeId) -> FileHandle {
+    /// Count an open of `id` for writing, through the page cache unless
+    /// `direct`; returns its file handle.
+    fn writer_opened(&self, id: InodeId, direct: bool) -> FileHandle {
         let mut w = self.writers.lock().unwrap_or_else(|e| e.into_inner());
-        *w.entry(id).or_insert(0) += 1;
-        WRITER_FH
+        let n = w.entry(id).or_default();
+        n.all += 1;
+        if direct {
+            DIRECT_WRITER_FH
+        } else {
+            n.cached += 1;
+            WRITER_FH
+        }
     }
 
     /// An open of `id` with file handle `fh` was released.
     fn writer_closed(&self, id: InodeId, fh: FileHandle) {
-        if fh != WRITER_FH {
+        if fh != WRITER_FH && fh != DIRECT_WRITER_FH {
             return;
         }
         let mut w = self.writers.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(n) = w.get_mut(&id) {
-            *n -= 1;
-            if *n == 0 {
+            n.all = n.all.saturating_sub(1);
+            if fh == WRITER_FH {
+                n.cached = n.cached.saturating_sub(1);
+            }
+            if n.all == 0 {
                 w.remove(&id);
             }
         }
+    }
+
+    /// Have the kernel look `id` up again by each of its names, once no
+    /// longer open for writing: under the writeback cache it keeps a
+    /// regular file's times itself, and writes past the cache do not move
+    /// them there (the mount moved them on disk). A file it looks up anew
+    /// (once nothing holds it) comes with the times on disk.
+    fn forget_cached_times(&self, id: InodeId) {
+        let Ok(refs) = self.served.read(|fs| fs.inode_refs(id)) else {
+            return;
+        };
+        let entries: Vec<(INodeNo, Vec<u8>)> = refs
+            .into_iter()
+            .filter_map(|r| {
+                let dir = InodeId {
+                    subvol: id.subvol,
+                    ino: r.parent,
+                };
+                Some((self.to_fuse(dir).ok()?, r.name))
+            })
+            .collect();
+        let served = Arc::clone(&self.served);
+        self.after_writeback_waits(Box::new(move || {
+            for (dir, name) in entries {
+                served.invalidate_entry(dir, &name);
+            }
+        }));
+    }
+
+    /// Whether `id` is open for writing through the page cache.
+    fn has_cached_writers(&self, id: InodeId) -> bool {
+        self.writers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .is_some_and(|n| n.cached > 0)
     }
 
     /// Set the inode flags of `id` under `mapped` to `flags`, keeping the
@@ -516,16 +574,6 @@ impl FuseFs {
     /// page cache (see `space_watch.rs`).
     fn space_tight(&self) -> bool {
         self.writeback_cache() && self.space.tight(self.served.fs_unlocked())
-    }
-
-    /// How a regular file created or opened for writing is opened: past
-    /// the page cache while space is short, else keeping it.
-    fn write_open_flags(&self) -> FopenFlags {
-        if self.space_tight() {
-            FopenFlags::FOPEN_DIRECT_IO
-        } else {
-            FopenFlags::FOPEN_KEEP_CACHE
-        }
     }
 
     /// Whether the mount kills set-user-ID bits (`FUSE_HANDLE_KILLPRIV_V2`).
@@ -1070,8 +1118,10 @@ impl FuseFs {
             // file's flags. One to an append-only file that dropped
             // O_APPEND (fcntl) is refused in `on_write`, one to a
             // synchronous file is made durable before it is answered. So
-            // does any file opened for writing while space is short: a
-            // write that does not fit is then refused to its writer.
+            // does a file opened write-only while space is short: a write
+            // that does not fit is then refused to its writer. (Not one
+            // opened for reading too: a read past the cache would be
+            // handed the writeback errors of other descriptors.)
             Ok(st)
                 if writing
                     && st.kind == FileKind::File
@@ -1079,10 +1129,10 @@ impl FuseFs {
                         & (ubtrfs::format::consts::INODE_APPEND
                             | ubtrfs::format::consts::INODE_SYNC)
                         != 0
-                        || self.space_tight()) =>
+                        || flags.acc_mode() == OpenAccMode::O_WRONLY && self.space_tight()) =>
             {
                 self.served.read(|fs| fs.hold_inode(id));
-                reply.opened(self.writer_opened(id), FopenFlags::FOPEN_DIRECT_IO)
+                reply.opened(self.writer_opened(id, true), FopenFlags::FOPEN_DIRECT_IO)
             }
             // O_TRUNC reaches `setattr` first (no atomic O_TRUNC asked for).
             // The open file keeps its inode alive if its last name goes.
@@ -1091,7 +1141,7 @@ impl FuseFs {
                 let fh = if flags.acc_mode() == OpenAccMode::O_RDONLY {
                     FileHandle(0)
                 } else {
-                    self.writer_opened(id)
+                    self.writer_opened(id, false)
                 };
                 reply.opened(fh, FopenFlags::FOPEN_KEEP_CACHE)
             }
@@ -1129,7 +1179,11 @@ impl FuseFs {
         _flush: bool,
         reply: R,
     ) {
-        self.writer_closed(self.inode_of(ino), fh);
+        let id = self.inode_of(ino);
+        self.writer_closed(id, fh);
+        if fh == DIRECT_WRITER_FH && !self.has_writers(id) {
+            self.forget_cached_times(id);
+        }
         match self.release_held(ino) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
@@ -1609,7 +1663,8 @@ impl FuseFs {
         // allowed when their file was opened.
         use ubtrfs::format::consts::{INODE_APPEND, INODE_SYNC};
         let mut sync = false;
-        if !write_flags.contains(fuser::WriteFlags::FUSE_WRITE_CACHE) {
+        let cached = write_flags.contains(fuser::WriteFlags::FUSE_WRITE_CACHE);
+        if !cached {
             let file_flags = match self.served.read(|fs| self.stat(fs, ino)) {
                 Ok(st) => st.flags,
                 Err(e) => return reply.error(e),
@@ -1618,15 +1673,26 @@ impl FuseFs {
                 return reply.error(Errno::EPERM);
             }
             sync = file_flags & INODE_SYNC != 0;
-        } else if self.agreed.direct_io_mmap.load(Ordering::Relaxed) {
-            // An append-only file opened to append may be mapped shared
-            // (the kernel refuses that mapping on its own filesystems, but
-            // FUSE does not know the flag): what such a mapping writes
-            // over the file's data is refused here. Cached appends of a
-            // file opened before the flag was set still go through.
+        } else if self.agreed.direct_io_mmap.load(Ordering::Relaxed)
+            && !self.has_cached_writers(self.inode_of(ino))
+        {
+            // Page cache writes of a file open for writing only past the
+            // cache come from a shared mapping (FUSE maps those files).
+            // An append-only file is opened so, and its mapping must not
+            // change its data (the kernel refuses such a mapping on its
+            // own filesystems; FUSE does not know the flag): refused, and
+            // the pages dropped, so the change is not seen nor sent again
+            // with a later write of the page. (A file opened through the
+            // cache before it became append-only goes on as in the kernel.)
             match self.served.read(|fs| self.stat(fs, ino)) {
-                Ok(st) if st.flags & INODE_APPEND != 0 && offset < st.size => {
-                    return reply.error(Errno::EPERM);
+                Ok(st) if st.flags & INODE_APPEND != 0 => {
+                    reply.error(Errno::EPERM);
+                    let served = Arc::clone(&self.served);
+                    let len = data.len() as u64;
+                    self.after_writeback_waits(Box::new(move || {
+                        served.invalidate_pages(ino, offset, len)
+                    }));
+                    return;
                 }
                 Ok(_) => {}
                 Err(e) => return reply.error(e),
@@ -1649,6 +1715,7 @@ impl FuseFs {
                     offset,
                     data: data.to_vec(),
                     kill,
+                    cached,
                     reply,
                 };
                 match d.submit(job) {
@@ -1658,14 +1725,16 @@ impl FuseFs {
             }
             None => reply,
         };
-        match self.write_ctx().write(ino, offset, data, kill) {
+        match self.write_ctx().write(ino, offset, data, kill, cached) {
             Ok((n, killed)) => {
                 if sync && let Err(e) = self.served.fsync(self.inode_of(ino), ino, false) {
                     return reply.answer(Err(e));
                 }
                 reply.answer(Ok(n));
-                if killed {
-                    // The kernel still has the old mode cached.
+                if killed || !cached {
+                    // The kernel still has the old mode cached, or (a
+                    // write past the cache, whose times the mount moved)
+                    // the old times.
                     self.served.invalidate_attrs(ino);
                 }
             }
@@ -1718,10 +1787,11 @@ impl FuseFs {
             Ok((attr, generation)) => {
                 let id = self.inode_of(attr.ino);
                 self.served.read(|fs| fs.hold_inode(id));
-                let (fh, open) = if flags & libc::O_ACCMODE == libc::O_RDONLY {
-                    (FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
-                } else {
-                    (self.writer_opened(id), self.write_open_flags())
+                let direct = flags & libc::O_ACCMODE == libc::O_WRONLY && self.space_tight();
+                let (fh, open) = match flags & libc::O_ACCMODE {
+                    libc::O_RDONLY => (FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+                    _ if direct => (self.writer_opened(id, true), FopenFlags::FOPEN_DIRECT_IO),
+                    _ => (self.writer_opened(id, false), FopenFlags::FOPEN_KEEP_CACHE),
                 };
                 reply.created(&self.ttl(), &attr, generation, fh, open)
             }
@@ -1740,9 +1810,9 @@ impl FuseFs {
     ) {
         match self.do_create(req, parent, None, libc::S_IFREG | (mode & 0o7777), umask, 0) {
             Ok((attr, generation)) => {
-                let fh = self.writer_opened(self.inode_of(attr.ino));
-                let open = self.write_open_flags();
-                reply.created(&self.ttl(), &attr, generation, fh, open)
+                let fh = self.writer_opened(self.inode_of(attr.ino), false);
+                let (ttl, keep) = (self.ttl(), FopenFlags::FOPEN_KEEP_CACHE);
+                reply.created(&ttl, &attr, generation, fh, keep)
             }
             Err(e) => reply.error(e),
         }

@@ -127,7 +127,8 @@ if libc.utimensat(-100, b'g', ts, 0):\n\
     // Dropping O_APPEND (refused by the kernel at fcntl, by the mount at
     // the write), a shared writable mapping (refused by the kernel at
     // mmap; FUSE maps it, and the mount refuses its writes: msync fails,
-    // and the page the kernel kept is dropped with the clean cache).
+    // and the pages are dropped). A later append that writes the same
+    // page must not take the mapping's change with it.
     root(
         false,
         "python3 -c \"import os, fcntl\n\
@@ -141,7 +142,8 @@ os.pwrite(fd, b'XX', 0)\"",
 fd = os.open('g', os.O_RDWR | os.O_APPEND)\n\
 try:\n\tm = mmap.mmap(fd, 2, mmap.MAP_SHARED, mmap.PROT_WRITE)\n\
 \tm[0:2] = b'XX'; m.flush(); print('written')\n\
-except OSError:\n\tprint('refused')\" && echo 3 > /proc/sys/vm/drop_caches && cat g",
+except OSError:\n\tprint('refused')\" && printf 'd\\n' >> g && sync && echo 3 > /proc/sys/vm/drop_caches \
+         && cat g",
     ),
     root(
         false,
@@ -159,6 +161,17 @@ fd = os.open('big', os.O_WRONLY | os.O_APPEND)\n\
 for i in range(24): os.write(fd, bytes([i % 251 + 1]) * (1 << 20))\n\
 os.fsync(fd); os.close(fd)\" && sync && echo 3 > /proc/sys/vm/drop_caches \
          && sha256sum big && stat -c %s big",
+    ),
+    // A file open to append before it became append-only appends, its
+    // pages sent back in any order.
+    root(
+        true,
+        "printf x > pre && python3 -c \"import os, subprocess\n\
+fd = os.open('pre', os.O_WRONLY | os.O_APPEND)\n\
+subprocess.run(['chattr', '+a', 'pre'], check=True)\n\
+for i in range(32): os.write(fd, bytes([i + 1]) * (1 << 20))\n\
+os.fsync(fd); os.close(fd)\" && echo 3 > /proc/sys/vm/drop_caches \
+         && sha256sum pre && stat -c %s pre && chattr -a pre && rm pre",
     ),
     // A file open for writing before it became immutable still takes
     // writes, as in the kernel.

@@ -1500,11 +1500,11 @@ fn avail_bytes(dir: &Path) -> u64 {
 }
 
 /// Near full, a write that does not fit is refused by write(2) itself, as
-/// on kernel btrfs, not later by close(2) or fsync: a file opened for
-/// writing while free data space is below what the kernel may hold dirty
-/// for the mount bypasses the page cache. The file keeps exactly the bytes
-/// accepted, and the mount goes on; once space is back, writes fit again.
-/// The same steps run on kernel btrfs first.
+/// on kernel btrfs, not later by close(2) or fsync: a file opened
+/// write-only while free data space is below what the kernel may hold
+/// dirty for the mount bypasses the page cache. The file keeps exactly the
+/// bytes accepted and its times move, and the mount goes on; once space is
+/// back, writes fit again. The same steps run on kernel btrfs first.
 #[test]
 fn writes_that_do_not_fit_are_refused_by_write() {
     require_privileged!();
@@ -1526,6 +1526,8 @@ fn writes_that_do_not_fit_are_refused_by_write() {
         f.sync_all().unwrap();
         drop(f);
         let mut f = File::create(dir.join("last")).unwrap();
+        let made = f.metadata().unwrap().modified().unwrap();
+        std::thread::sleep(Duration::from_millis(1100));
         let mut taken = 0usize;
         let err = loop {
             assert!(taken < 32 << 20, "{taken} bytes taken with 3 MiB free");
@@ -1546,12 +1548,25 @@ fn writes_that_do_not_fit_are_refused_by_write() {
         // SAFETY: closing the descriptor taken from `f`, once.
         let closed = unsafe { libc::close(f.into_raw_fd()) };
         assert_eq!(closed, 0, "close: {}", std::io::Error::last_os_error());
-        let len = fs::metadata(dir.join("last")).unwrap().len();
+        let meta = fs::metadata(dir.join("last")).unwrap();
         assert_eq!(
-            len, taken as u64,
+            meta.len(),
+            taken as u64,
             "the file's size against the bytes accepted"
         );
-        len
+        // The writes moved its modification time, past the cache too
+        // (which the kernel sees once it looks the file up again, after
+        // the close reached the mount).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while fs::metadata(dir.join("last")).unwrap().modified().unwrap() <= made {
+            assert!(
+                Instant::now() < deadline,
+                "mtime did not move in {}",
+                dir.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        meta.len()
     };
 
     let kimg = common::new_image(&t, "kernel.img", size);

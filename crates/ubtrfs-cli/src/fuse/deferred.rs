@@ -30,6 +30,8 @@ pub(super) struct Job {
     pub data: Vec<u8>,
     /// The writing process, when set-user-ID bits must go.
     pub kill: Option<u32>,
+    /// The kernel's page cache writes it (else it moves the file's times).
+    pub cached: bool,
     pub reply: Box<dyn WriteAnswer>,
 }
 
@@ -57,10 +59,10 @@ impl DeferredWrites {
             .name("deferred-writes".into())
             .spawn(move || {
                 for job in rx {
-                    match ctx.write(job.ino, job.offset, &job.data, job.kill) {
+                    match ctx.write(job.ino, job.offset, &job.data, job.kill, job.cached) {
                         Ok((n, killed)) => {
                             job.reply.answer(Ok(n));
-                            if killed {
+                            if killed || !job.cached {
                                 ctx.served.invalidate_attrs(job.ino);
                             }
                         }

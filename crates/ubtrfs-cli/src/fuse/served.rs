@@ -89,6 +89,19 @@ impl Served {
         }
     }
 
+    /// Make the kernel drop its cached pages of `len` bytes at `offset` of
+    /// `ino` (and their mappings). It waits for those pages' writeback:
+    /// never from a thread that serves requests.
+    pub fn invalidate_pages(&self, ino: INodeNo, offset: u64, len: u64) {
+        let Some(n) = self.notifier.get() else {
+            return;
+        };
+        let (off, len) = (offset.min(i64::MAX as u64), len.min(i64::MAX as u64));
+        if let Err(e) = n.inval_inode(ino, off as i64, len as i64) {
+            tracing::trace!("invalidating pages of inode {}: {e}", ino.0);
+        }
+    }
+
     /// Make the kernel forget what it caches of `name` in directory `dir`
     /// (a dentry, or its absence). Never waits for a request the caller
     /// might be serving.

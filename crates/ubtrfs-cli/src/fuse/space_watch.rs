@@ -9,9 +9,9 @@
 //! The kernel holds at most its dirty limit for this mount in those pages
 //! (`/sys/class/bdi/MAJ:MIN/max_bytes`, which it derives from the memory
 //! and `vm.dirty_*`). While more data space than that is free, cached
-//! writes fit; below it, a new open for writing gets `FOPEN_DIRECT_IO`,
+//! writes fit; below it, a new write-only open gets `FOPEN_DIRECT_IO`,
 //! so each write(2) reaches the mount and is answered with its outcome.
-//! Files opened before keep their cache.
+//! Files opened before, or for reading too, keep their cache.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;

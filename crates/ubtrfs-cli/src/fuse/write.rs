@@ -420,27 +420,32 @@ pub(super) struct WriteCtx {
 
 impl WriteCtx {
     /// Write `data` at `offset` of `ino`; with `kill` (the writing
-    /// process), clear the set-user-ID bits first. Returns the bytes
-    /// written and whether bits were cleared.
+    /// process), clear the set-user-ID bits first. `cached`: the kernel's
+    /// page cache writes it back, and keeps the file's times itself under
+    /// the writeback cache; else (a file opened past the cache, whose
+    /// times the kernel does not move) the write moves them. Returns the
+    /// bytes written and whether bits were cleared.
     pub(super) fn write(
         &self,
         ino: INodeNo,
         offset: u64,
         data: &[u8],
         kill: Option<u32>,
+        cached: bool,
     ) -> Result<(u32, bool), Errno> {
         let id = super::from_fuse(self.root, ino);
         // Wait for the device here, not inside the lock every other
         // change needs.
         self.served.fs_unlocked().throttle_writes(id, data.len());
+        let kernel_times = self.writeback_cache && cached;
         let done = self.served.write(|fs| {
             // The common case in one change of the inode: the kernel keeps
             // a regular file's times under the writeback cache.
-            if self.writeback_cache && kill.is_none() {
+            if kernel_times && kill.is_none() {
                 let n = fs.write_keep_times(id, offset, data).map_err(errno)?;
                 return Ok((u32::try_from(n).map_err(|_| Errno::EOVERFLOW)?, false));
             }
-            keep_times(self.writeback_cache, fs, id, || {
+            keep_times(kernel_times, fs, id, || {
                 let killed = match kill {
                     Some(pid) => kill_privs(fs, id, pid)?,
                     None => false,

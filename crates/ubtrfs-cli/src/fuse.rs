@@ -2264,6 +2264,37 @@ impl FuseFs {
                 Ok(()) => reply.ioctl(0, &[]),
                 Err(e) => reply.error(e),
             },
+            // `ubtrfs filesystem resize` (and `btrfs filesystem resize`'s
+            // request): root only, as in the kernel.
+            BTRFS_IOC_RESIZE => {
+                if !caller_access::Credentials::is_admin(req.uid(), req.pid()) {
+                    return reply.error(Errno::EPERM);
+                }
+                let name = in_data.get(8..).unwrap_or_default();
+                let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+                let Ok(text) = std::str::from_utf8(name) else {
+                    return reply.error(Errno::EINVAL);
+                };
+                let Ok(request) = ubtrfs::fs::resize::ResizeRequest::parse(text) else {
+                    return reply.error(Errno::EINVAL);
+                };
+                match self
+                    .served
+                    .write_committing("resize", |fs| fs.resize_device(&request))
+                {
+                    Ok(r) => {
+                        tracing::info!(
+                            "resized device {} ({}) from {} to {} bytes",
+                            r.devid,
+                            r.path.display(),
+                            r.old,
+                            r.new
+                        );
+                        reply.ioctl(0, &[])
+                    }
+                    Err(e) => reply.error(e),
+                }
+            }
             // The kernel reads the extended attributes too before a change.
             FS_IOC_FSGETXATTR => match self.served.read(|fs| fs.stat(id)) {
                 Ok(st) => {
@@ -2621,6 +2652,9 @@ pub const BTRFS_IOC_SUBVOL_GETFLAGS: u32 = 0x8008_9419;
 pub const BTRFS_IOC_SUBVOL_SETFLAGS: u32 = 0x4008_941a;
 /// `BTRFS_IOC_SYNC`, `_IO(0x94, 8)`: commit the running transaction.
 pub const BTRFS_IOC_SYNC: u32 = 0x9408;
+/// `BTRFS_IOC_RESIZE`, `_IOW(0x94, 3, struct btrfs_ioctl_vol_args)`: the
+/// request as text in the name field (after an 8-byte descriptor).
+pub const BTRFS_IOC_RESIZE: u32 = 0x5000_9403;
 /// `FS_IOC_FSGETXATTR` and `FS_IOC_FSSETXATTR` (struct fsxattr, 28 bytes).
 const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
 const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;

@@ -1151,6 +1151,7 @@ impl Filesystem {
             put64(sb, 0x50, root.bytenr);
             put64(sb, 0x58, chunk.bytenr);
             put64(sb, 0x60, 0);
+            put64(sb, 0x70, self.total_bytes());
             put64(sb, 0x78, bytes_used);
             if w.dirty_roots.contains(&CHUNK_TREE_OBJECTID) {
                 put64(sb, 0xa4, transid);
@@ -1231,7 +1232,7 @@ impl Filesystem {
         put(9, gen_of(dev));
         put(10, csum.map_or(0, |p| p.bytenr));
         put(11, gen_of(csum));
-        put(12, self.superblock().total_bytes);
+        put(12, self.total_bytes());
         put(13, bytes_used);
         put(14, self.superblock().num_devices);
         let levels = [Some(root), Some(chunk), extent, fs, dev, csum];

@@ -1,6 +1,7 @@
-//! `ubtrfs filesystem df`: the space of each block group type and
-//! profile, as `btrfs filesystem df` shows it, of an unmounted filesystem
-//! or of a ubtrfs mount.
+//! `ubtrfs filesystem df`, `usage` and `resize`: the space of each block
+//! group type and profile and of each device, as `btrfs filesystem df` and
+//! `usage` show them, and a device's size in the filesystem, of an
+//! unmounted filesystem or of a ubtrfs mount.
 
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
@@ -18,6 +19,24 @@ pub enum Command {
     Df(DfArgs),
     /// Show the space of the devices and of each type and profile.
     Usage(UsageArgs),
+    /// Grow or shrink the part of a device the filesystem uses.
+    Resize(ResizeArgs),
+}
+
+/// Arguments of `filesystem resize`.
+#[derive(clap::Args, Debug)]
+#[command(after_help = "\
+SIZE is `[DEVID:]max` (all of the device, say an image file made larger \
+first) or `[DEVID:][+|-]BYTES[kmgtpe]` (binary units); DEVID is 1 unless \
+given. A device shrinks only down to the end of its last chunk: ubtrfs \
+does not move chunks. The change is committed at once.")]
+pub struct ResizeArgs {
+    /// The new size.
+    #[arg(value_name = "SIZE", allow_hyphen_values = true)]
+    size: String,
+    /// The filesystem's devices (all of them), or a path in a ubtrfs mount.
+    #[arg(value_name = "DEVICE|PATH", required = true)]
+    args: Vec<PathBuf>,
 }
 
 /// Arguments of `filesystem usage`.
@@ -67,6 +86,27 @@ pub fn run(command: Command) -> Result<()> {
             print!("{}", df_lines(&spaces, a.raw));
             Ok(())
         }
+        Command::Resize(a) => {
+            let request = ubtrfs::fs::resize::ResizeRequest::parse(&a.size)?;
+            match &a.args[..] {
+                [dir] if dir.is_dir() => {
+                    resize_mount(dir, &a.size)?;
+                    println!("Resize '{}' of '{}'", dir.display(), a.size);
+                }
+                devices => {
+                    let fs = super::open_fs_rw(devices)?;
+                    let r = fs.resize_device(&request).context("resizing")?;
+                    println!(
+                        "Resize device id {} ({}) from {} to {}",
+                        r.devid,
+                        r.path.display(),
+                        human(r.old),
+                        human(r.new)
+                    );
+                }
+            }
+            Ok(())
+        }
         Command::Usage(a) => {
             let usage = match &a.args[..] {
                 [dir] if dir.is_dir() => usage_from_mount(dir)?,
@@ -78,6 +118,38 @@ pub fn run(command: Command) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// Have the mount at `dir` resize (`BTRFS_IOC_RESIZE`, as btrfs-progs
+/// sends it).
+fn resize_mount(dir: &Path, size: &str) -> Result<()> {
+    super::umount::server_info(dir)
+        .map_err(|e| anyhow::anyhow!("{}: not in a ubtrfs mount ({e})", dir.display()))?;
+    let f = std::fs::File::open(dir).with_context(|| dir.display().to_string())?;
+    // struct btrfs_ioctl_vol_args: a descriptor (unused), then the text.
+    let mut args = vec![0u8; 4096];
+    if size.len() >= args.len() - 8 {
+        bail!("resize: {size:?} is too long");
+    }
+    args[8..8 + size.len()].copy_from_slice(size.as_bytes());
+    // SAFETY: the ioctl reads at most the 4096 bytes its number encodes.
+    let rc = unsafe {
+        libc::ioctl(
+            f.as_raw_fd(),
+            crate::fuse::BTRFS_IOC_RESIZE as _,
+            args.as_ptr(),
+        )
+    };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(e).with_context(|| {
+            format!(
+                "resizing {} to {size} (the mount process logs why)",
+                dir.display()
+            )
+        });
+    }
+    Ok(())
 }
 
 /// Ask the mount at `dir` (`UBTRFS_IOC_USAGE`).

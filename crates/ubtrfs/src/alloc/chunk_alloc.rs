@@ -129,7 +129,7 @@ impl Filesystem {
             );
             let flags = self.profile_of(w, kind)?;
             let profile = Profile::from_flags(flags)?;
-            let total = self.superblock().total_bytes;
+            let total = self.total_bytes();
             let cap = if kind == SpaceKind::Data {
                 1 << 30
             } else {

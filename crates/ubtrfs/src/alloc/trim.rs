@@ -87,7 +87,7 @@ impl Filesystem {
         }
         // Unallocated space lies outside the logical range: trimmed when
         // the whole filesystem is asked for (as fstrim does by default).
-        if start > 0 || end < self.superblock().total_bytes {
+        if start > 0 || end < self.total_bytes() {
             return Ok(done);
         }
         let w = self.writer()?;

@@ -18,7 +18,8 @@ const LOCK_POLL: std::time::Duration = std::time::Duration::from_millis(10);
 pub struct FileDevice {
     file: File,
     path: PathBuf,
-    size: u64,
+    /// Read at open, and again by [`Device::refresh_size`].
+    size: std::sync::atomic::AtomicU64,
     counters: Counters,
 }
 
@@ -26,15 +27,13 @@ impl FileDevice {
     /// A write must stay inside the device: past the end of a regular
     /// file it would silently grow the image.
     fn check_write(&self, offset: u64, len: usize) -> Result<()> {
-        if offset
-            .checked_add(len as u64)
-            .is_none_or(|end| end > self.size)
-        {
+        let size = self.size();
+        if offset.checked_add(len as u64).is_none_or(|end| end > size) {
             return Err(Error::WritePastEnd {
                 path: self.path.clone(),
                 offset,
                 len,
-                size: self.size,
+                size,
             });
         }
         Ok(())
@@ -101,21 +100,11 @@ impl FileDevice {
             }
             return Err(io(err));
         }
-        let meta = file.metadata().map_err(io)?;
-        let size = if meta.file_type().is_block_device() {
-            block_device_size(&file).map_err(io)?
-        } else if meta.is_file() {
-            meta.len()
-        } else {
-            return Err(Error::Devices(format!(
-                "{}: not a regular file or block device",
-                path.display()
-            )));
-        };
+        let size = measure(&file, path)?;
         Ok(FileDevice {
             file,
             path: path.to_path_buf(),
-            size,
+            size: size.into(),
             counters: Counters::default(),
         })
     }
@@ -125,6 +114,25 @@ impl FileDevice {
             path: self.path.clone(),
             source,
         }
+    }
+}
+
+/// The size of `file`, a block device or a regular file.
+fn measure(file: &File, path: &Path) -> Result<u64> {
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let meta = file.metadata().map_err(io)?;
+    if meta.file_type().is_block_device() {
+        block_device_size(file).map_err(io)
+    } else if meta.is_file() {
+        Ok(meta.len())
+    } else {
+        Err(Error::Devices(format!(
+            "{}: not a regular file or block device",
+            path.display()
+        )))
     }
 }
 
@@ -143,19 +151,25 @@ impl Device for FileDevice {
     }
 
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn refresh_size(&self) -> Result<u64> {
+        let size = measure(&self.file, &self.path)?;
+        self.size.store(size, std::sync::atomic::Ordering::Relaxed);
+        Ok(size)
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         if offset
             .checked_add(buf.len() as u64)
-            .is_none_or(|end| end > self.size)
+            .is_none_or(|end| end > self.size())
         {
             return Err(Error::ShortRead {
                 path: self.path.clone(),
                 offset,
                 len: buf.len(),
-                size: self.size,
+                size: self.size(),
             });
         }
         self.file
@@ -215,7 +229,7 @@ impl Device for FileDevice {
 
     fn discard(&self, offset: u64, len: u64) -> Result<bool> {
         use std::os::fd::AsRawFd;
-        if offset.checked_add(len).is_none_or(|end| end > self.size) {
+        if offset.checked_add(len).is_none_or(|end| end > self.size()) {
             return Err(Error::Invalid(format!(
                 "{}: discard of {len} bytes at {offset} past the end",
                 self.path.display()

@@ -19,6 +19,11 @@ pub trait Device: Send + Sync {
     fn path(&self) -> &Path;
     /// Size in bytes.
     fn size(&self) -> u64;
+    /// Read the size again (an image file grown or shrunk since it was
+    /// opened, before a resize) and return it.
+    fn refresh_size(&self) -> Result<u64> {
+        Ok(self.size())
+    }
     /// Read exactly `buf.len()` bytes at `offset`.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
     /// Write all of `buf` at `offset` (volatile until [`Device::flush`]).

@@ -77,6 +77,10 @@ impl Device for RecordingDevice {
         self.inner.size()
     }
 
+    fn refresh_size(&self) -> Result<u64> {
+        self.inner.refresh_size()
+    }
+
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.inner.read_at(offset, buf)
     }

@@ -11,6 +11,7 @@ mod links;
 mod namespace;
 mod open;
 mod props;
+pub mod resize;
 mod snapshot;
 mod space_info;
 mod subvol;

@@ -50,6 +50,9 @@ pub struct StatFs {
 /// An open btrfs filesystem (read-only for now). Safe to share between threads.
 pub struct Filesystem {
     pub(crate) sb: Superblock,
+    /// The filesystem's size on its devices: the superblock's, until a
+    /// resize changes it ([`Filesystem::total_bytes`]).
+    pub(crate) total_bytes: std::sync::atomic::AtomicU64,
     pub(crate) geo: Geometry,
     pub(crate) trees: TreeReader,
     pub(crate) default_subvol: u64,
@@ -194,6 +197,7 @@ impl Filesystem {
             roots: RwLock::new(roots),
             writer: None,
             warnings,
+            total_bytes: sb.total_bytes.into(),
             sb,
             opened_at: now(),
             delalloc: std::sync::Mutex::new(Default::default()),
@@ -431,10 +435,16 @@ impl Filesystem {
         }
     }
 
+    /// The filesystem's size on its devices (the sum of their sizes it
+    /// uses): the superblock's `total_bytes`, as resizes leave it.
+    pub fn total_bytes(&self) -> u64 {
+        self.total_bytes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Space figures.
     pub fn statfs(&self) -> StatFs {
         let sb = &self.sb;
-        let unused = sb.total_bytes.saturating_sub(sb.bytes_used);
+        let unused = self.total_bytes().saturating_sub(sb.bytes_used);
         // Outside the writer's lock: it reads the root tree.
         let reserve = self
             .global_reserve()
@@ -442,7 +452,7 @@ impl Filesystem {
         let (total_bytes, free_bytes, unused_bytes) = self
             .writable_space(reserve)
             .or_else(|| self.read_only_space(reserve))
-            .unwrap_or((sb.total_bytes, unused, unused));
+            .unwrap_or((self.total_bytes(), unused, unused));
         StatFs {
             block_size: self.geo.sectorsize,
             total_bytes,
@@ -541,7 +551,7 @@ impl Filesystem {
             })
             .fold(0, u64::saturating_add);
         let factor = profile.map_or(1, copies_of).max(1);
-        let total = self.sb.total_bytes / factor;
+        let total = self.total_bytes() / factor;
         let unused = total
             .saturating_sub(on_devices / factor)
             .saturating_sub(reserve);

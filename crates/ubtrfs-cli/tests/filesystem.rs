@@ -1,7 +1,9 @@
-//! `ubtrfs filesystem df` prints what `btrfs filesystem df` prints on the
-//! kernel's mount of the same filesystem, GlobalReserve included (the
-//! kernel sizes it when it mounts): of an image, unmounted, and of a
-//! ubtrfs mount after it wrote, in bytes (`-b`) and in btrfs-progs' units.
+//! `ubtrfs filesystem df` and `usage` print what `btrfs filesystem df` and
+//! `usage` print on the kernel's mount of the same filesystem, GlobalReserve
+//! included (the kernel sizes it when it mounts): of an image, unmounted,
+//! and of a ubtrfs mount after it wrote, in bytes (`-b`) and in
+//! btrfs-progs' units. `ubtrfs filesystem resize` leaves the superblock
+//! and device item as the kernel's resize does.
 
 mod common;
 
@@ -272,4 +274,176 @@ fn filesystem_usage_shows_what_the_kernel_shows() {
         );
     }
     common::check_image(&one[0]);
+}
+
+/// `total_bytes`, `dev_item.total_bytes` and `bytes_used` of the
+/// superblock of `img`, as `btrfs inspect-internal dump-super` shows them.
+fn super_sizes(img: &Path) -> String {
+    let out = Command::new("btrfs")
+        .args(["inspect-internal", "dump-super"])
+        .arg(img)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| {
+            l.starts_with("total_bytes")
+                || l.starts_with("dev_item.total_bytes")
+                || l.starts_with("bytes_used")
+        })
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+/// An image made larger, then `resize max`, by ubtrfs and by the kernel
+/// (on a copy): the same superblock sizes; then a shrink by ubtrfs back
+/// above its chunks, and refusals that change nothing.
+#[test]
+fn resize_grows_and_shrinks_as_the_kernel_does() {
+    require_privileged!();
+    let t = TestDir::new("filesystem-resize").unwrap();
+    let ours = t.join("ours.img");
+    testkit::mkfs_file(&ours, 300 << 20, &[]).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&ours)
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    let theirs = t.join("theirs.img");
+    std::fs::copy(&ours, &theirs).unwrap();
+    let out = ubtrfs([
+        "filesystem".as_ref(),
+        "resize".as_ref(),
+        "max".as_ref(),
+        ours.as_os_str(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("from 300.00MiB to 1.00GiB"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    {
+        let m = Mount::new(std::slice::from_ref(&theirs), &t.join("kernel"), "").unwrap();
+        let out = Command::new("btrfs")
+            .args(["filesystem", "resize", "max"])
+            .arg(m.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        m.unmount().unwrap();
+    }
+    let grown = super_sizes(&ours);
+    assert!(grown.contains("total_bytes\t\t1073741824"), "{grown}");
+    assert_eq!(grown, super_sizes(&theirs));
+    common::check_image(&ours);
+
+    // Refused, and nothing changes: past the device's end, below the
+    // smallest size, a device that is not there, nonsense.
+    for (size, says) in [
+        ("+1g", "holds"),
+        ("100m", "smallest"),
+        ("2:max", "no device 2"),
+        ("1:+x", "not [DEVID:]"),
+    ] {
+        let out = ubtrfs([
+            "filesystem".as_ref(),
+            "resize".as_ref(),
+            size.as_ref(),
+            ours.as_os_str(),
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{size}: {err}");
+    }
+    assert_eq!(super_sizes(&ours), grown);
+
+    // Back to 512 MiB: its chunks all lie below (mkfs made them first).
+    let out = ubtrfs([
+        "filesystem".as_ref(),
+        "resize".as_ref(),
+        "-512m".as_ref(),
+        ours.as_os_str(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(super_sizes(&ours).contains("total_bytes\t\t536870912"));
+    common::check_image(&ours);
+}
+
+/// A ubtrfs mount grows into an image made larger while it runs, and
+/// fills the new space; a shrink that would move chunks is refused.
+#[test]
+fn resize_through_a_mount() {
+    require_privileged!();
+    let t = TestDir::new("filesystem-resize-mount").unwrap();
+    let img = t.join("disk.img");
+    testkit::mkfs_file(&img, 256 << 20, &[]).unwrap();
+    let mnt = t.join("fuse");
+    let m = UbtrfsMount::start(
+        Path::new(common::ubtrfs_bin()),
+        std::slice::from_ref(&img),
+        &mnt,
+        &[],
+    )
+    .unwrap();
+    let size = |p: &Path| {
+        let out = Command::new("stat")
+            .args(["-f", "-c", "%S %b"])
+            .arg(p)
+            .output()
+            .unwrap();
+        let v: Vec<u64> = String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(|x| x.parse().unwrap())
+            .collect();
+        v[0] * v[1]
+    };
+    assert_eq!(size(m.path()), 256 << 20);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&img)
+        .unwrap()
+        .set_len(768 << 20)
+        .unwrap();
+    let resize = |what: &str| {
+        ubtrfs([
+            "filesystem".as_ref(),
+            "resize".as_ref(),
+            what.as_ref(),
+            m.path().as_os_str(),
+        ])
+    };
+    let out = resize("max");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(size(m.path()), 768 << 20);
+    // 400 MiB: more than the filesystem held before.
+    let data: Vec<u8> = (0..400u32 << 20).map(|i| (i >> 12) as u8).collect();
+    std::fs::write(m.path().join("big"), &data).unwrap();
+    let out = ubtrfs(["sync".as_ref(), m.path().as_os_str()]);
+    assert!(out.status.success());
+    let out = resize("300m");
+    assert!(!out.status.success(), "a shrink past the chunks");
+    m.unmount().unwrap();
+    assert!(super_sizes(&img).contains("total_bytes\t\t805306368"));
+    common::check_image(&img);
+    let k = Mount::single(&img, &t.join("kernel"), "ro").unwrap();
+    assert!(std::fs::read(k.path().join("big")).unwrap() == data);
+    k.unmount().unwrap();
 }

@@ -574,11 +574,6 @@ impl Filesystem {
                 "writing a filesystem whose free-space tree is marked not valid (a mount by the kernel rebuilds it)".into(),
             ));
         }
-        if sb.incompat_flags & INCOMPAT_MIXED_GROUPS != 0 {
-            return Err(Error::Unsupported(
-                "writing a filesystem with mixed block groups".into(),
-            ));
-        }
         let unknown_ro = sb.compat_ro_flags & !COMPAT_RO_SUPPORTED;
         if unknown_ro != 0 {
             return Err(Error::Unsupported(format!(
@@ -726,10 +721,33 @@ impl Filesystem {
         (2u64 << 20).max(128 * self.geometry().nodesize as u64)
     }
 
+    /// Whether data and metadata share block groups (`mkfs --mixed`).
+    pub(crate) fn mixed_groups(&self) -> bool {
+        self.superblock().incompat_flags & INCOMPAT_MIXED_GROUPS != 0
+    }
+
+    /// Free bytes for `kind` in its block groups. With mixed groups both
+    /// draw on one pool: what is free for data leaves out what the dirty
+    /// data's metadata and the metadata reserves will take, and what is
+    /// free for metadata leaves out the dirty data.
+    pub(crate) fn space_free(&self, w: &Writer, kind: SpaceKind) -> u64 {
+        let free = w.blocks.alloc.free_bytes(kind);
+        if !self.mixed_groups() {
+            return free;
+        }
+        match kind {
+            SpaceKind::Data => free
+                .saturating_sub(w.delalloc_metadata)
+                .saturating_sub(4 * self.metadata_reserve()),
+            SpaceKind::Metadata => free.saturating_sub(self.delalloc().bytes()),
+            SpaceKind::System => free,
+        }
+    }
+
     /// Keep twice the reserve free, adding a metadata chunk when needed.
     pub(crate) fn reserve_metadata(&self, w: &mut Writer, deleting: bool) -> Result<()> {
         let reserve = self.metadata_reserve();
-        let low = |w: &Writer| w.blocks.alloc.free_bytes(SpaceKind::Metadata) < 2 * reserve;
+        let low = |w: &Writer| self.space_free(w, SpaceKind::Metadata) < 2 * reserve;
         // Space the log and this transaction's freed blocks hold comes
         // back with a commit: take that before a new chunk, as the kernel
         // commits before it grows or says ENOSPC. (A commit reserves with
@@ -742,7 +760,7 @@ impl Filesystem {
             // A commit that brought little back would come again a few
             // changes later (every fsync's log makes the next one likely):
             // grow now instead, as the kernel grows before metadata is full.
-            if w.blocks.alloc.free_bytes(SpaceKind::Metadata) < 3 * reserve {
+            if self.space_free(w, SpaceKind::Metadata) < 3 * reserve {
                 match self.alloc_chunk(w, SpaceKind::Metadata) {
                     Ok(()) | Err(Error::NoSpace(_)) => {}
                     Err(e) => return Err(e),
@@ -755,7 +773,7 @@ impl Filesystem {
                 Err(e) => return Err(e),
             }
         }
-        if !deleting && w.blocks.alloc.free_bytes(SpaceKind::Metadata) < reserve {
+        if !deleting && self.space_free(w, SpaceKind::Metadata) < reserve {
             return Err(Error::NoSpace(
                 "metadata space is down to its reserve".into(),
             ));
@@ -877,7 +895,7 @@ impl Filesystem {
         // A commit may use the reserve (that is what it is for): a new
         // chunk only below it. Taking one whenever space is merely low
         // would grow metadata at every commit meant to free pinned space.
-        if w.blocks.alloc.free_bytes(SpaceKind::Metadata) < self.metadata_reserve() {
+        if self.space_free(w, SpaceKind::Metadata) < self.metadata_reserve() {
             match self.alloc_chunk(w, SpaceKind::Metadata) {
                 Ok(()) | Err(Error::NoSpace(_)) => {}
                 Err(e) => return Err(e),

@@ -387,6 +387,81 @@ fn reserving_for_a_write_counts_again_after_a_commit() {
     check(&imgs);
 }
 
+/// Mixed block groups (`mkfs --mixed`, data and metadata in the same
+/// groups) filled to the end with small (inline) and larger files: writes
+/// are refused with ENOSPC while the filesystem goes on, every commit has
+/// room for the metadata it needs, space freed is taken again, and new
+/// chunks are mixed too.
+#[test]
+fn mixed_block_groups_fill_up_and_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let imgs = mkfs(dir.path(), &["--mixed"], 1, 200 << 20);
+    let fs = Filesystem::open_read_write(&imgs).unwrap();
+    let mut made = Vec::new();
+    let mut refused = 0;
+    for i in 0..100_000u32 {
+        let name = format!("f{i}");
+        let len = if i % 3 == 0 {
+            1500
+        } else {
+            40_000 + (i as usize % 7) * 4096
+        };
+        let r = fs
+            .create(fs.root(), name.as_bytes(), file(0o644))
+            .and_then(|st| {
+                fs.write(st.id, 0, &vec![(i % 251) as u8; len])
+                    .map(|_| st.id)
+            });
+        match r {
+            Ok(id) => made.push((id, len, (i % 251) as u8)),
+            Err(e) => {
+                assert!(matches!(e, ubtrfs::Error::NoSpace(_)), "{name}: {e:?}");
+                assert_eq!(fs.aborted(), None);
+                refused += 1;
+                if refused > 20 {
+                    break;
+                }
+            }
+        }
+        if i % 500 == 0 {
+            fs.commit().unwrap();
+        }
+    }
+    assert!(refused > 20, "200 MiB never filled");
+    fs.commit().unwrap();
+    // Half of it goes, and as much comes back.
+    for (i, _) in made.iter().enumerate().filter(|(i, _)| i % 2 == 0) {
+        fs.unlink(fs.root(), format!("f{i}").as_bytes()).ok();
+    }
+    fs.commit().unwrap();
+    let big = fs.create(fs.root(), b"big", file(0o644)).unwrap().id;
+    fs.write(big, 0, &vec![7u8; 40 << 20]).unwrap();
+    fs.commit().unwrap();
+    drop(fs);
+    check(&imgs);
+    let out = Command::new("btrfs")
+        .args(["inspect-internal", "dump-tree", "-t", "chunk"])
+        .arg(&imgs[0])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let types: Vec<&str> = text
+        .split("type ")
+        .skip(1)
+        .filter_map(|t| t.split_whitespace().next())
+        .filter(|t| *t != "0") // device items' type
+        .collect();
+    assert!(types.len() > 2, "{text}");
+    for t in types {
+        assert!(
+            t.starts_with("DATA|METADATA") || t.starts_with("SYSTEM"),
+            "a chunk that is not mixed: {t}"
+        );
+    }
+    let fs = Filesystem::open(&imgs).unwrap();
+    assert_eq!(fs.read_all(big).unwrap(), vec![7u8; 40 << 20]);
+}
+
 /// Chunk items of each type ("DATA", "METADATA", ...) in an image.
 fn chunks(img: &Path, kind: &str) -> usize {
     let out = Command::new("btrfs")

@@ -1040,7 +1040,8 @@ struct Config {
     no_holes: bool,
     seed: u64,
     ops: usize,
-    /// Metadata profile (`mkfs -m`); the mkfs default if empty.
+    /// Metadata profile (`mkfs -m`); the mkfs default if empty; "mixed"
+    /// for mixed block groups (`mkfs --mixed`, with `data` the same).
     meta: &'static str,
     /// Data profile (`mkfs -d`); the mkfs default if empty.
     data: &'static str,
@@ -1093,11 +1094,16 @@ fn mkfs_devices(imgs: &[PathBuf], c: &Config) {
     if !c.no_holes {
         cmd.args(["-O", "^no-holes"]);
     }
-    if !c.meta.is_empty() {
-        cmd.args(["-m", c.meta]);
-    }
-    if !c.data.is_empty() {
-        cmd.args(["-d", c.data]);
+    if c.meta == "mixed" {
+        // Data and metadata in the same block groups.
+        cmd.arg("--mixed");
+    } else {
+        if !c.meta.is_empty() {
+            cmd.args(["-m", c.meta]);
+        }
+        if !c.data.is_empty() {
+            cmd.args(["-d", c.data]);
+        }
     }
     let out = cmd.args(imgs).output().expect("mkfs.btrfs runs");
     assert!(
@@ -1402,6 +1408,7 @@ fn configs() -> Vec<Config> {
         ("ubtrfs-mkfs-xxhash-4k-raid0-2dev", "xxhash", 4096, false, "raid1", "raid0", 2, true, 15),
         ("crc32c-16k-raid5-3dev", "crc32c", 16384, true, "raid5", "raid5", 3, false, 16),
         ("ubtrfs-mkfs-xxhash-4k-raid6-4dev", "xxhash", 4096, false, "raid6", "raid6", 4, true, 17),
+        ("crc32c-4k-mixed", "crc32c", 4096, true, "mixed", "mixed", 1, false, 18),
     ];
     let more = table.map(
         |(label, csum, nodesize, no_holes, meta, data, devices, lib_mkfs, s)| Config {

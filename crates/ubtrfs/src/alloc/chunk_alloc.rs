@@ -33,12 +33,18 @@ impl Filesystem {
             SpaceKind::Metadata => BLOCK_GROUP_METADATA,
             SpaceKind::System => BLOCK_GROUP_SYSTEM,
         };
+        // Mixed groups hold both kinds: a new one for either is mixed too.
+        let kept = if self.mixed_groups() && kind != SpaceKind::System {
+            BLOCK_GROUP_DATA | BLOCK_GROUP_METADATA
+        } else {
+            flag
+        };
         w.blocks
             .alloc
             .groups
             .values()
             .filter(|g| g.flags & flag != 0)
-            .map(|g| g.flags & (BLOCK_GROUP_PROFILE_MASK | flag))
+            .map(|g| g.flags & (BLOCK_GROUP_PROFILE_MASK | kept))
             .max_by_key(|f| f & BLOCK_GROUP_PROFILE_MASK != 0)
             .ok_or_else(|| {
                 Error::Unsupported(format!(

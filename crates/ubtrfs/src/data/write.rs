@@ -530,7 +530,7 @@ impl Filesystem {
     pub(crate) fn reserve_delalloc_metadata(&self, w: &mut Writer, more: u64) -> Result<()> {
         let reserve = self.metadata_reserve();
         let enough = |w: &Writer, extra: u64| {
-            w.blocks.alloc.free_bytes(SpaceKind::Metadata) >= extra + w.delalloc_metadata + more
+            self.space_free(w, SpaceKind::Metadata) >= extra + w.delalloc_metadata + more
         };
         if !enough(w, 2 * reserve) {
             if w.delalloc_metadata > 0 {
@@ -556,7 +556,7 @@ impl Filesystem {
 
     pub(crate) fn reserve_dirty_space(&self, w: &mut Writer, more: u64) -> Result<()> {
         let enough = |fs: &Self, w: &Writer| {
-            w.blocks.alloc.free_bytes(SpaceKind::Data) >= fs.delalloc().bytes() + more
+            fs.space_free(w, SpaceKind::Data) >= fs.delalloc().bytes() + more
         };
         if enough(self, w) {
             return Ok(());
@@ -565,8 +565,8 @@ impl Filesystem {
         // when that would do, commit rather than take a new chunk (the
         // device would fill with data chunks that metadata then lacks),
         // as the kernel commits before it grows or says ENOSPC.
-        let short = (self.delalloc().bytes() + more)
-            .saturating_sub(w.blocks.alloc.free_bytes(SpaceKind::Data));
+        let short =
+            (self.delalloc().bytes() + more).saturating_sub(self.space_free(w, SpaceKind::Data));
         let freed_by_commit =
             w.blocks.alloc.pinned_bytes(SpaceKind::Data) + w.blocks.refs.data_bytes_dropping();
         if freed_by_commit >= short {

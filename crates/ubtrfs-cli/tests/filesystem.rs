@@ -32,7 +32,12 @@ fn kernel_df(devices: &[PathBuf], mnt: &Path, options: &str, raw: bool) -> Strin
 }
 
 fn ubtrfs_df(args: &[&Path], raw: bool) -> String {
-    let mut all: Vec<&std::ffi::OsStr> = vec!["filesystem".as_ref(), "df".as_ref()];
+    ubtrfs_filesystem("df", args, raw)
+}
+
+/// `ubtrfs filesystem COMMAND [-b] ARGS...`, which must succeed.
+fn ubtrfs_filesystem(command: &str, args: &[&Path], raw: bool) -> String {
+    let mut all: Vec<&std::ffi::OsStr> = vec!["filesystem".as_ref(), command.as_ref()];
     if raw {
         all.push("-b".as_ref());
     }
@@ -195,18 +200,7 @@ fn kernel_usage(images: &[PathBuf], mnt: &Path, raw: bool) -> String {
 }
 
 fn ubtrfs_usage(args: &[&Path], raw: bool) -> String {
-    let mut all: Vec<&std::ffi::OsStr> = vec!["filesystem".as_ref(), "usage".as_ref()];
-    if raw {
-        all.push("-b".as_ref());
-    }
-    all.extend(args.iter().map(|p| p.as_os_str()));
-    let out = ubtrfs(&all);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    ubtrfs_filesystem("usage", args, raw)
 }
 
 /// `ubtrfs filesystem usage` prints what `btrfs filesystem usage` prints

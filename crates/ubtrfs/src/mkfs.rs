@@ -285,6 +285,32 @@ impl MkfsReport {
     }
 }
 
+/// Parse a size with an optional binary suffix, as btrfs-progs takes
+/// them: `4096`, `16k`, `256M`, `1GiB`. `None` if it is not one or does
+/// not fit in 64 bits.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let t = s.trim();
+    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, suffix) = t.split_at(digits_end);
+    let n: u64 = num.parse().ok()?;
+    let suffix = suffix.to_ascii_lowercase();
+    let suffix = suffix
+        .strip_suffix("ib")
+        .or_else(|| suffix.strip_suffix('b'))
+        .unwrap_or(&suffix);
+    let shift = match suffix {
+        "" => 0,
+        "k" => 10,
+        "m" => 20,
+        "g" => 30,
+        "t" => 40,
+        "p" => 50,
+        "e" => 60,
+        _ => return None,
+    };
+    n.checked_mul(1u64 << shift)
+}
+
 /// Parse a profile name as `mkfs.btrfs -d/-m` takes it.
 pub fn parse_profile(s: &str) -> Result<Profile> {
     Ok(match s.to_ascii_lowercase().as_str() {

@@ -70,29 +70,9 @@ pub struct Args {
 
 /// Parse a size with an optional binary suffix: `16k`, `256M`, `1GiB`.
 pub fn parse_size(s: &str) -> Result<u64> {
-    let t = s.trim();
-    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, suffix) = t.split_at(digits_end);
-    let n: u64 = num
-        .parse()
-        .with_context(|| format!("'{s}' is not a size"))?;
-    let suffix = suffix.to_ascii_lowercase();
-    let suffix = suffix
-        .strip_suffix("ib")
-        .or_else(|| suffix.strip_suffix('b'))
-        .unwrap_or(&suffix);
-    let shift = match suffix {
-        "" => 0,
-        "k" => 10,
-        "m" => 20,
-        "g" => 30,
-        "t" => 40,
-        "p" => 50,
-        "e" => 60,
-        _ => bail!("'{s}': unknown size suffix"),
-    };
-    n.checked_mul(1u64 << shift)
-        .with_context(|| format!("size '{s}' is too large"))
+    ubtrfs::mkfs::parse_size(s).with_context(|| {
+        format!("'{s}' is not a size (a number, with k, m, g, t, p or e after it)")
+    })
 }
 
 /// Run `mkfs`.

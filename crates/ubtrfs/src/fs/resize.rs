@@ -58,25 +58,11 @@ impl ResizeRequest {
             Some(b'-') => (-1, &rest[1..]),
             _ => (0, rest),
         };
-        let (number, unit) = match digits.find(|c: char| !c.is_ascii_digit()) {
-            Some(i) => digits.split_at(i),
-            None => (digits, ""),
-        };
-        let shift = match unit.to_ascii_lowercase().as_str() {
-            "" => 0,
-            "k" => 10,
-            "m" => 20,
-            "g" => 30,
-            "t" => 40,
-            "p" => 50,
-            "e" => 60,
-            _ => return Err(bad()),
-        };
-        let n = number.parse::<u64>().map_err(|_| bad())?;
-        let bytes = n
-            .checked_mul(1u64 << shift)
-            .filter(|b| b >> shift == n)
-            .ok_or_else(bad)?;
+        // Digits first: `parse_size` would take a sign or space too.
+        if !digits.starts_with(|c: char| c.is_ascii_digit()) {
+            return Err(bad());
+        }
+        let bytes = crate::mkfs::parse_size(digits).ok_or_else(bad)?;
         let size = match sign {
             1 => NewSize::Grow(bytes),
             -1 => NewSize::Shrink(bytes),

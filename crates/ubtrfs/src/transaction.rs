@@ -48,6 +48,18 @@ pub struct TxnBlocks {
     pub(crate) used_delta: HashMap<u64, i64>,
 }
 
+/// What an operation's metadata reservation is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reserving {
+    /// It may take new space: refused when only the reserve is left.
+    Growing,
+    /// It frees space and may use the reserve; it commits first when the
+    /// reserve runs low and a commit would take enough back.
+    Freeing,
+    /// As `Freeing`, never committing.
+    FreeingInPlace,
+}
+
 /// Header flag of blocks written by relocation: they may be shared.
 const HEADER_FLAG_RELOC: u64 = 1 << 1;
 
@@ -527,7 +539,7 @@ impl Filesystem {
         // Inodes a crash left unlinked but open go now, as in the kernel
         // (which leaves read-only snapshots as they are).
         let subvols: Vec<u64> = {
-            let w = fs.writer_deleting()?;
+            let w = fs.writer_deleting_uncommitted()?;
             w.blocks
                 .last_snapshot
                 .keys()
@@ -703,16 +715,25 @@ impl Filesystem {
     /// with ENOSPC when only the metadata reserve is left.
     pub(crate) fn writer(&self) -> Result<std::sync::MutexGuard<'_, Writer>> {
         let mut w = self.lock_writer()?;
-        self.reserve_metadata(&mut w, false)?;
+        self.reserve_metadata(&mut w, Reserving::Growing)?;
         Ok(w)
     }
 
     /// The write state for an operation that frees space (unlink, rmdir,
     /// truncate): it may use the metadata reserve, so a full filesystem
-    /// can still be emptied.
+    /// can still be emptied. Its copied blocks stay pinned until a commit:
+    /// when the reserve runs low it commits first, to take them back.
     pub(crate) fn writer_deleting(&self) -> Result<std::sync::MutexGuard<'_, Writer>> {
         let mut w = self.lock_writer()?;
-        self.reserve_metadata(&mut w, true)?;
+        self.reserve_metadata(&mut w, Reserving::Freeing)?;
+        Ok(w)
+    }
+
+    /// [`Self::writer_deleting`] for work that must not commit (replaying
+    /// a log, whose superblock still names it; cleaning up at open).
+    pub(crate) fn writer_deleting_uncommitted(&self) -> Result<std::sync::MutexGuard<'_, Writer>> {
+        let mut w = self.lock_writer()?;
+        self.reserve_metadata(&mut w, Reserving::FreeingInPlace)?;
         Ok(w)
     }
 
@@ -745,17 +766,26 @@ impl Filesystem {
     }
 
     /// Keep twice the reserve free, adding a metadata chunk when needed.
-    pub(crate) fn reserve_metadata(&self, w: &mut Writer, deleting: bool) -> Result<()> {
+    pub(crate) fn reserve_metadata(&self, w: &mut Writer, how: Reserving) -> Result<()> {
+        let deleting = how != Reserving::Growing;
         let reserve = self.metadata_reserve();
         let low = |w: &Writer| self.space_free(w, SpaceKind::Metadata) < 2 * reserve;
         // Space the log and this transaction's freed blocks hold comes
         // back with a commit: take that before a new chunk, as the kernel
-        // commits before it grows or says ENOSPC. (A commit reserves with
-        // `deleting`, so it never commits again from here.)
-        if !deleting
-            && low(w)
-            && (w.log.is_some() || w.blocks.alloc.pinned_bytes(SpaceKind::Metadata) >= reserve)
-        {
+        // commits before it grows or says ENOSPC. Removals that dig into
+        // the reserve take it back the same way, once half of it is
+        // pinned.
+        // Blocks copied from the last commit come back with the next too.
+        let back = || {
+            w.blocks.alloc.pinned_bytes(SpaceKind::Metadata)
+                + w.blocks.refs.tree_blocks_dropping() * u64::from(self.geometry().nodesize)
+        };
+        let worth = match how {
+            Reserving::Growing => w.log.is_some() || back() >= reserve,
+            Reserving::Freeing => w.log.is_some() || back() >= reserve / 2,
+            Reserving::FreeingInPlace => false,
+        };
+        if low(w) && worth {
             self.commit_locked(w)?;
             // A commit that brought little back would come again a few
             // changes later (every fsync's log makes the next one likely):

@@ -462,6 +462,41 @@ fn mixed_block_groups_fill_up_and_commit() {
     assert_eq!(fs.read_all(big).unwrap(), vec![7u8; 40 << 20]);
 }
 
+/// Metadata filled to the end with small (inline) files, then every tenth
+/// removed: each removal copies tree blocks whose old copies stay pinned
+/// until a commit, so removals must commit when the reserve runs low
+/// instead of running out half-way (which stopped the filesystem).
+#[test]
+fn removing_files_from_full_metadata_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let imgs = mkfs(dir.path(), &[], 1, 128 << 20);
+    let fs = Filesystem::open_read_write(&imgs).unwrap();
+    let data = vec![4u8; 2000];
+    let mut n = 0u32;
+    loop {
+        let name = format!("f{n}");
+        let r = fs
+            .create(fs.root(), name.as_bytes(), file(0o644))
+            .and_then(|st| fs.write(st.id, 0, &data));
+        match r {
+            Ok(_) => n += 1,
+            Err(e) => {
+                assert!(matches!(e, ubtrfs::Error::NoSpace(_)), "{name}: {e:?}");
+                break;
+            }
+        }
+    }
+    assert!(n > 5000, "only {n} files");
+    for i in (0..n).step_by(10) {
+        fs.unlink(fs.root(), format!("f{i}").as_bytes())
+            .unwrap_or_else(|e| panic!("unlink f{i} of {n}: {e:?}"));
+    }
+    assert_eq!(fs.aborted(), None);
+    fs.commit().unwrap();
+    drop(fs);
+    check(&imgs);
+}
+
 /// Chunk items of each type ("DATA", "METADATA", ...) in an image.
 fn chunks(img: &Path, kind: &str) -> usize {
     let out = Command::new("btrfs")

@@ -93,6 +93,15 @@ impl DelayedRefs {
             .sum()
     }
 
+    /// Tree blocks made before this transaction that lose references in
+    /// it: about how many its commit frees (fewer where others share them).
+    pub fn tree_blocks_dropping(&self) -> u64 {
+        self.tree
+            .values()
+            .filter(|t| !t.new && t.changes.values().sum::<i64>() < 0)
+            .count() as u64
+    }
+
     /// A new tree block of tree `owner`.
     pub fn add_tree(&mut self, bytenr: u64, level: u8, owner: u64) {
         self.tree.entry(bytenr).or_default().new = true;

@@ -41,7 +41,7 @@ pub(crate) fn replay_at_open(fs: &mut Filesystem) -> Result<Option<ReplaySummary
         return Ok(None);
     };
     let summary = {
-        let mut w = fs.writer_deleting()?;
+        let mut w = fs.writer_deleting_uncommitted()?;
         let s = replay::replay_log(fs, &mut w, &log).map_err(in_log)?;
         // Even a log that changed nothing must leave the superblock: make
         // sure the commit has something to write.
@@ -77,7 +77,7 @@ pub(crate) fn open_replayed_in_memory(set: DeviceSet) -> Result<Filesystem> {
     let replayed = (|| -> Result<ReplaySummary> {
         let log =
             read::read_log(&fs)?.ok_or_else(|| Error::corrupt("the log vanished while opening"))?;
-        let mut w = fs.writer_deleting()?;
+        let mut w = fs.writer_deleting_uncommitted()?;
         let s = replay::replay_log(&fs, &mut w, &log)?;
         // Inodes the replay orphaned go, as the orphan cleanup after a
         // read-write open would delete them.

@@ -207,7 +207,7 @@ impl Filesystem {
             self.fsync_atime(&mut w, id)?;
             self.writeback(&mut w, id)?;
             self.finish_in_flight(&mut w, Some(id), true)?;
-            self.reserve_metadata(&mut w, false)
+            self.reserve_metadata(&mut w, crate::transaction::Reserving::Growing)
         })
     }
 
@@ -295,7 +295,7 @@ impl Filesystem {
     /// drops it must still find its reserve. Adds a metadata chunk when
     /// the space runs low, as any change does.
     fn may_log(&self, w: &mut Writer) -> Result<bool> {
-        self.reserve_metadata(w, false)?;
+        self.reserve_metadata(w, crate::transaction::Reserving::Growing)?;
         Ok(w.blocks.alloc.free_bytes(crate::alloc::SpaceKind::Metadata)
             >= 2 * self.metadata_reserve())
     }

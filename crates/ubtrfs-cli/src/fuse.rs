@@ -2037,7 +2037,7 @@ impl FuseFs {
             }
             // As the kernel: nothing to trim past the end or on a
             // read-only mount, and that is no error.
-            if start >= sb.total_bytes || !self.served.writable() {
+            if start >= self.served.fs_unlocked().total_bytes() || !self.served.writable() {
                 return reply.ioctl(0, &range(0));
             }
             return self.on_own_thread(reply, move |me| {

@@ -1625,16 +1625,18 @@ fn seal_super(sb: &mut [u8; SUPER_SIZE], at: u64, csum: CsumType) {
 /// A size as btrfs-progs prints it: `256.00MiB`.
 pub fn human(bytes: u64) -> String {
     const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    let mut unit = 0;
-    let mut v = bytes as f64;
-    while v >= 1024.0 && unit < UNITS.len() - 1 {
-        v /= 1024.0;
+    // As btrfs-progs: whole divisions while the value is at least 1024,
+    // and only the last one as a fraction (so 1.7949 GiB is 1.79GiB).
+    let (mut size, mut last, mut unit) = (bytes, bytes, 0);
+    while size >= 1024 && unit < UNITS.len() - 1 {
+        last = size;
+        size /= 1024;
         unit += 1;
     }
     if unit == 0 {
         format!("{bytes}.00B")
     } else {
-        format!("{v:.2}{}", UNITS[unit])
+        format!("{:.2}{}", last as f64 / 1024.0, UNITS[unit])
     }
 }
 
@@ -1660,6 +1662,9 @@ mod tests {
         assert!(f.apply("bogus").is_err());
         assert!(f.apply("^free-space-tree").is_err());
         assert_eq!(human(256 << 20), "256.00MiB");
+        // Whole divisions but the last, as btrfs-progs: 1.7949 GiB.
+        assert_eq!(human(1_927_553_024), "1.79GiB");
+        assert_eq!(human(1023), "1023.00B");
         assert_eq!(min_device_size(Profile::Dup, Profile::Single), 114_294_784);
     }
 

@@ -267,18 +267,28 @@ fn usage_lines(u: &Usage, raw: bool) -> String {
             0
         }
     };
+    // With mixed groups, the global reserve is taken from the data's space.
+    let mixed = groups
+        .iter()
+        .any(|s| s.flags & BLOCK_GROUP_DATA != 0 && s.flags & BLOCK_GROUP_METADATA != 0);
+    let data_free = if mixed {
+        data_free.saturating_sub(reserve.map_or(0, |r| r.total))
+    } else {
+        data_free
+    };
     let free = data_free + share(data_ratio);
     let free_min = data_free + share(data_ratio.max(meta_ratio));
-    let kinds = [BLOCK_GROUP_DATA, BLOCK_GROUP_METADATA, BLOCK_GROUP_SYSTEM];
-    let multiple = kinds.iter().any(|&k| {
-        groups
-            .iter()
-            .filter(|s| {
-                s.flags & (BLOCK_GROUP_DATA | BLOCK_GROUP_SYSTEM | BLOCK_GROUP_METADATA) == k
-            })
-            .count()
-            > 1
-    });
+    let kinds = [
+        (BLOCK_GROUP_DATA, "data"),
+        (BLOCK_GROUP_METADATA, "metadata"),
+        (BLOCK_GROUP_SYSTEM, "system"),
+    ];
+    let type_bits = BLOCK_GROUP_DATA | BLOCK_GROUP_SYSTEM | BLOCK_GROUP_METADATA;
+    let multiple: Vec<&str> = kinds
+        .iter()
+        .filter(|&&(k, _)| groups.iter().filter(|s| s.flags & type_bits == k).count() > 1)
+        .map(|&(_, name)| name)
+        .collect();
     let mut out = String::from("Overall:\n");
     let mut line = |label: &str, tabs: &str, value: String, extra: String| {
         out += &format!("    {label}:{tabs}{value:>width$}{extra}\n");
@@ -324,12 +334,12 @@ fn usage_lines(u: &Usage, raw: bool) -> String {
         size(reserve.map_or(0, |r| r.total)),
         format!("\t(used: {})", size(reserve.map_or(0, |r| r.used))),
     );
-    line(
-        "Multiple profiles",
-        "\t\t",
-        (if multiple { "yes" } else { "no" }).to_string(),
-        String::new(),
-    );
+    if multiple.is_empty() {
+        line("Multiple profiles", "\t\t", "no".to_string(), String::new());
+    } else {
+        let which = format!("\t({})", multiple.join(", "));
+        line("Multiple profiles", "\t\t", "yes".to_string(), which);
+    }
     let device_name = |d: &ubtrfs::fs::DeviceUsage| match &d.path {
         Some(p) => p.display().to_string(),
         None => "missing".to_string(),

@@ -566,12 +566,12 @@ impl Filesystem {
     fn put_dirty_sector(&self, w: &mut Writer, id: InodeId, idx: u64, data: Vec<u8>) -> Result<()> {
         let ss = self.geometry().sectorsize as u64;
         let need = self.delalloc().bytes() + ss;
-        if w.blocks.alloc.free_bytes(SpaceKind::Data) < need {
+        if self.space_free(w, SpaceKind::Data) < need {
             match self.alloc_chunk(w, SpaceKind::Data) {
                 Ok(()) | Err(Error::NoSpace(_)) => {}
                 Err(e) => return Err(e),
             }
-            if w.blocks.alloc.free_bytes(SpaceKind::Data) < need {
+            if self.space_free(w, SpaceKind::Data) < need {
                 return Err(Error::NoSpace(format!(
                     "no data space to rewrite a sector of inode {}",
                     id.ino

@@ -865,7 +865,7 @@ impl Filesystem {
                 // nothing.
                 let mut places = Vec::with_capacity(c.pieces.len());
                 let mut new_chunks = false;
-                let plain_fits = w.blocks.alloc.free_bytes(SpaceKind::Data) >= len;
+                let plain_fits = self.space_free(w, SpaceKind::Data) >= len;
                 let release = |w: &mut Writer, places: &[u64]| -> Result<()> {
                     for (&at, p) in places.iter().zip(&c.pieces) {
                         w.blocks.alloc.release(at, p.disk_len as u64)?;

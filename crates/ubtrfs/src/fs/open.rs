@@ -511,7 +511,8 @@ impl Filesystem {
         w: std::sync::MutexGuard<'_, crate::transaction::Writer>,
         reserve: u64,
     ) -> Option<(u64, u64, u64)> {
-        let data_free = w.blocks.alloc.free_bytes(crate::alloc::SpaceKind::Data);
+        // With mixed groups, less what metadata will need of them.
+        let data_free = self.space_free(&w, crate::alloc::SpaceKind::Data);
         let groups: Vec<(u64, u64)> = w
             .blocks
             .alloc

@@ -63,6 +63,9 @@ impl ResizeRequest {
             return Err(bad());
         }
         let bytes = crate::mkfs::parse_size(digits).ok_or_else(bad)?;
+        if sign != 0 && bytes == 0 {
+            return Err(bad());
+        }
         let size = match sign {
             1 => NewSize::Grow(bytes),
             -1 => NewSize::Shrink(bytes),
@@ -204,6 +207,8 @@ mod tests {
             "1:",
             ":max",
             "+",
+            "+0",
+            "-0",
             "10q",
             "1:2:max",
             "16e",

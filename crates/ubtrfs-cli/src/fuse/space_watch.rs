@@ -9,9 +9,11 @@
 //! The kernel holds at most its dirty limit for this mount in those pages
 //! (`/sys/class/bdi/MAJ:MIN/max_bytes`, which it derives from the memory
 //! and `vm.dirty_*`). While more data space than that is free, cached
-//! writes fit; below it, a new write-only open gets `FOPEN_DIRECT_IO`,
-//! so each write(2) reaches the mount and is answered with its outcome.
-//! Files opened before, or for reading too, keep their cache.
+//! writes fit; below it, a new write-only open gets `FOPEN_DIRECT_IO`, so
+//! each write(2) reaches the mount and is answered with its outcome. The
+//! margin is at most a quarter of the filesystem, so that on a machine
+//! with much memory a small filesystem is not "nearly full" from the
+//! start. Files opened before, or for reading too, keep their cache.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
@@ -85,7 +87,9 @@ impl SpaceWatch {
                 None => None,
             };
             if let Some(free) = free {
-                self.tight.store(free < self.margin(), Ordering::Relaxed);
+                // At most a quarter of the filesystem (see the module).
+                let margin = self.margin().min(fs.total_bytes() / 4);
+                self.tight.store(free < margin, Ordering::Relaxed);
                 self.checked.store(now, Ordering::Relaxed);
             }
         }

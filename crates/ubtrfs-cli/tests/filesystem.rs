@@ -15,9 +15,21 @@ use testkit::{Mount, TestDir, require_privileged};
 
 /// `btrfs filesystem df` of the kernel's mount, fresh.
 fn kernel_df(devices: &[PathBuf], mnt: &Path, options: &str, raw: bool) -> String {
+    kernel_filesystem("df", devices, mnt, options, raw).0
+}
+
+/// `btrfs filesystem COMMAND [-b]` of the kernel's fresh mount of
+/// `devices`, which must succeed, and the mount's loop devices.
+fn kernel_filesystem(
+    command: &str,
+    devices: &[PathBuf],
+    mnt: &Path,
+    options: &str,
+    raw: bool,
+) -> (String, Vec<String>) {
     let m = Mount::new(devices, mnt, options).unwrap();
     let mut cmd = Command::new("btrfs");
-    cmd.args(["filesystem", "df"]);
+    cmd.args(["filesystem", command]);
     if raw {
         cmd.arg("-b");
     }
@@ -27,8 +39,13 @@ fn kernel_df(devices: &[PathBuf], mnt: &Path, options: &str, raw: bool) -> Strin
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let loops = m
+        .devices()
+        .iter()
+        .map(|d| d.display().to_string())
+        .collect();
     m.unmount().unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    (String::from_utf8_lossy(&out.stdout).into_owned(), loops)
 }
 
 fn ubtrfs_df(args: &[&Path], raw: bool) -> String {
@@ -168,25 +185,7 @@ fn global_reserve_follows_the_trees() {
 /// (a read-only mount leaves the data chunks' free space out of statfs),
 /// its loop devices named as the images.
 fn kernel_usage(images: &[PathBuf], mnt: &Path, raw: bool) -> String {
-    let m = Mount::new(images, mnt, "").unwrap();
-    let mut cmd = Command::new("btrfs");
-    cmd.args(["filesystem", "usage"]);
-    if raw {
-        cmd.arg("-b");
-    }
-    let out = cmd.arg(m.path()).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let loops: Vec<String> = m
-        .devices()
-        .iter()
-        .map(|d| d.display().to_string())
-        .collect();
-    m.unmount().unwrap();
+    let (mut text, loops) = kernel_filesystem("usage", images, mnt, "", raw);
     // Longest names first: /dev/loop1 is a prefix of /dev/loop10.
     let mut pairs: Vec<(String, String)> = loops
         .into_iter()

@@ -155,28 +155,29 @@ fn resize_mount(dir: &Path, size: &str) -> Result<()> {
 /// Ask the mount at `dir` (`UBTRFS_IOC_USAGE`).
 fn usage_from_mount(dir: &Path) -> Result<Usage> {
     use crate::fuse::control;
+    let buf = ask_mount(dir, control::UBTRFS_IOC_USAGE, control::USAGE_SIZE, "usage")?;
+    control::decode_usage(&buf)
+        .with_context(|| format!("{}: the mount's reply is cut short", dir.display()))
+}
+
+/// Send the mount at `dir` the read ioctl `cmd`, whose reply is `size`
+/// bytes (`what` it tells, for messages).
+fn ask_mount(dir: &Path, cmd: u32, size: usize, what: &str) -> Result<Vec<u8>> {
     super::umount::server_info(dir)
         .map_err(|e| anyhow::anyhow!("{}: not in a ubtrfs mount ({e})", dir.display()))?;
     let f = std::fs::File::open(dir).with_context(|| dir.display().to_string())?;
-    let mut buf = vec![0u8; control::USAGE_SIZE];
+    let mut buf = vec![0u8; size];
     // SAFETY: the ioctl writes at most the size its number encodes, which
     // is the buffer's.
-    let rc = unsafe {
-        libc::ioctl(
-            f.as_raw_fd(),
-            control::UBTRFS_IOC_USAGE as _,
-            buf.as_mut_ptr(),
-        )
-    };
+    let rc = unsafe { libc::ioctl(f.as_raw_fd(), cmd as _, buf.as_mut_ptr()) };
     if rc != 0 {
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() == Some(libc::ENOTTY) {
-            bail!("{}: the mount is too old to tell its usage", dir.display());
+            bail!("{}: the mount is too old to tell its {what}", dir.display());
         }
-        return Err(e).with_context(|| format!("asking {} for its usage", dir.display()));
+        return Err(e).with_context(|| format!("asking {} for its {what}", dir.display()));
     }
-    control::decode_usage(&buf)
-        .with_context(|| format!("{}: the mount's reply is cut short", dir.display()))
+    Ok(buf)
 }
 
 /// The name of a block group type, as btrfs-progs prints it.
@@ -387,26 +388,12 @@ fn usage_lines(u: &Usage, raw: bool) -> String {
 /// Ask the mount at `dir` (`UBTRFS_IOC_SPACE_INFO`).
 fn from_mount(dir: &Path) -> Result<Vec<SpaceInfo>> {
     use crate::fuse::control;
-    super::umount::server_info(dir)
-        .map_err(|e| anyhow::anyhow!("{}: not in a ubtrfs mount ({e})", dir.display()))?;
-    let f = std::fs::File::open(dir).with_context(|| dir.display().to_string())?;
-    let mut buf = vec![0u8; control::SPACE_SIZE];
-    // SAFETY: the ioctl writes at most the size its number encodes, which
-    // is the buffer's.
-    let rc = unsafe {
-        libc::ioctl(
-            f.as_raw_fd(),
-            control::UBTRFS_IOC_SPACE_INFO as _,
-            buf.as_mut_ptr(),
-        )
-    };
-    if rc != 0 {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::ENOTTY) {
-            bail!("{}: the mount is too old to tell its space", dir.display());
-        }
-        return Err(e).with_context(|| format!("asking {} for its space", dir.display()));
-    }
+    let buf = ask_mount(
+        dir,
+        control::UBTRFS_IOC_SPACE_INFO,
+        control::SPACE_SIZE,
+        "space",
+    )?;
     control::decode_space(&buf)
         .with_context(|| format!("{}: the mount's reply is cut short", dir.display()))
 }

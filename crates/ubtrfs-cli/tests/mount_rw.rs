@@ -1594,6 +1594,84 @@ fn writes_that_do_not_fit_are_refused_by_write() {
     eprintln!("bytes taken after the fill: kernel btrfs {kernel_took}, ubtrfs {took}");
 }
 
+/// Space `fallocate` reserved stays the file's: once the rest of the
+/// filesystem is full, writes into the preallocated range still succeed,
+/// through a descriptor opened write-only (past the page cache then) and
+/// through one opened for reading too (written back from the cache), and
+/// the file holds them after the unmount. Kernel btrfs first.
+#[test]
+fn writes_into_preallocated_space_fit_a_full_filesystem() {
+    require_privileged!();
+    let t = TestDir::new("mount-rw-full-prealloc").unwrap();
+    let size = 256 << 20;
+    let data = pattern(24 << 20, 47);
+    let fill = pattern(1 << 20, 48);
+    let steps = |dir: &Path| {
+        let pre = File::create(dir.join("pre")).unwrap();
+        sys::fallocate(&pre, 0, 0, data.len() as u64).unwrap();
+        pre.sync_all().unwrap();
+        drop(pre);
+        // Full: within 3 MiB, then a file written until it is refused.
+        let avail = avail_bytes(dir);
+        let mut f = File::create(dir.join("fill")).unwrap();
+        let mut left = avail - (3 << 20);
+        while left > 0 {
+            let n = left.min(fill.len() as u64) as usize;
+            f.write_all(&fill[..n]).unwrap();
+            left -= n as u64;
+        }
+        f.sync_all().unwrap();
+        drop(f);
+        let mut f = File::create(dir.join("last")).unwrap();
+        let mut taken = 0;
+        let err = loop {
+            assert!(taken < 32 << 20, "{taken} bytes taken with 3 MiB free");
+            match f.write(&fill) {
+                Ok(n) => taken += n,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+        drop(f);
+        let half = data.len() / 2;
+        let mut w = OpenOptions::new()
+            .write(true)
+            .open(dir.join("pre"))
+            .unwrap();
+        for piece in data[..half].chunks(1 << 20) {
+            w.write_all(piece)
+                .unwrap_or_else(|e| panic!("{}: write-only: {e}", dir.display()));
+        }
+        w.sync_all().unwrap();
+        let mut rw = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.join("pre"))
+            .unwrap();
+        rw.seek(SeekFrom::Start(half as u64)).unwrap();
+        for piece in data[half..].chunks(1 << 20) {
+            rw.write_all(piece)
+                .unwrap_or_else(|e| panic!("{}: read-write: {e}", dir.display()));
+        }
+        rw.sync_all()
+            .unwrap_or_else(|e| panic!("{}: fsync: {e}", dir.display()));
+    };
+
+    let kimg = common::new_image(&t, "kernel.img", size);
+    let kernel = Mount::single(&kimg, &t.join("kernel"), "").unwrap();
+    steps(kernel.path());
+    kernel.unmount().unwrap();
+
+    let img = common::new_image(&t, "disk.img", size);
+    let m = RwMount::start(&img, &t.join("fuse"), &NO_TIMER);
+    steps(m.path());
+    m.unmount_cleanly();
+    check_image(&img);
+    let k = Mount::single(&img, &t.join("kernel-reads"), "ro").unwrap();
+    assert!(fs::read(k.path().join("pre")).unwrap() == data);
+    k.unmount().unwrap();
+}
+
 /// Small files (inline data, written back only at the commit) until the
 /// metadata space runs out: the writes that do not fit get ENOSPC, and
 /// the commit still has room for everything accepted before. Before the

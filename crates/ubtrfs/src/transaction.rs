@@ -760,7 +760,7 @@ impl Filesystem {
             SpaceKind::Data => free
                 .saturating_sub(w.delalloc_metadata)
                 .saturating_sub(4 * self.metadata_reserve()),
-            SpaceKind::Metadata => free.saturating_sub(self.delalloc().bytes()),
+            SpaceKind::Metadata => free.saturating_sub(self.delalloc().reserved_bytes()),
             SpaceKind::System => free,
         }
     }
@@ -780,12 +780,13 @@ impl Filesystem {
             w.blocks.alloc.pinned_bytes(SpaceKind::Metadata)
                 + w.blocks.refs.tree_blocks_dropping() * u64::from(self.geometry().nodesize)
         };
-        let worth = match how {
+        // Counting what comes back walks the delayed refs: only when low.
+        let worth = || match how {
             Reserving::Growing => w.log.is_some() || back() >= reserve,
             Reserving::Freeing => w.log.is_some() || back() >= reserve / 2,
             Reserving::FreeingInPlace => false,
         };
-        if low(w) && worth {
+        if low(w) && worth() {
             self.commit_locked(w)?;
             // A commit that brought little back would come again a few
             // changes later (every fsync's log makes the next one likely):

@@ -19,7 +19,7 @@ impl Filesystem {
     /// reserve counts on.
     pub(crate) fn unused_groups(&self, w: &Writer) -> Vec<u64> {
         let reserve = self.metadata_reserve();
-        let dirty = self.delalloc().bytes();
+        let dirty = self.delalloc().reserved_bytes();
         let mut doomed: Vec<u64> = Vec::new();
         for kind in [SpaceKind::Data, SpaceKind::Metadata] {
             let flag = kind_flag(kind);

@@ -643,6 +643,47 @@ pub fn run_tree_refs(
     })
 }
 
+/// Who a data extent belongs to, as its extent item says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DataExtentOwners {
+    /// No extent item (one made by the running transaction has none yet).
+    NoItem,
+    /// The item; `sole` when every reference it counts is a file extent
+    /// item of the one owner asked about (none keyed, none shared).
+    Item { sole: bool, generation: u64 },
+}
+
+/// Whether data extent `bytenr` of `len` bytes is referenced by `owner`
+/// alone: an overwrite in place changes no one else's file then.
+pub(crate) fn data_extent_owners(
+    tree: &Tree<'_>,
+    bytenr: u64,
+    len: u64,
+    owner: DataOwner,
+) -> Result<DataExtentOwners> {
+    let Some(it) = tree.get(&Key::new(bytenr, EXTENT_ITEM_KEY, len))? else {
+        return Ok(DataExtentOwners::NoItem);
+    };
+    let item = ExtentItem::parse(it.data(), EXTENT_ITEM_KEY)?;
+    let mut counted = 0u64;
+    let mut others = false;
+    for r in &item.inline {
+        match r {
+            Inline::Ref(AnyRef::Data(DataRef::Root(o)), n) if *o == owner => {
+                counted += u64::from(*n)
+            }
+            Inline::Ref(..) => others = true,
+            Inline::Other(..) => {}
+        }
+    }
+    // References beyond the inline ones are keyed items: someone else's,
+    // as far as this check goes.
+    Ok(DataExtentOwners::Item {
+        sole: !others && counted == item.refs,
+        generation: item.generation,
+    })
+}
+
 /// Apply one data extent's pending reference changes.
 pub fn run_data_refs(
     ed: &mut TreeEditor<'_>,

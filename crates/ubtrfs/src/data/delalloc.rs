@@ -10,7 +10,7 @@
 
 use super::write::MAX_EXTENT;
 use crate::fs::InodeId;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// Dirty sectors of every inode.
@@ -20,6 +20,11 @@ pub struct Delalloc {
     /// overlap; adjacent ones may stay apart (a run only grows at its end).
     files: BTreeMap<InodeId, BTreeMap<u64, Arc<Vec<u8>>>>,
     bytes: u64,
+    /// Dirty sectors that go in place (into a preallocated or no-COW
+    /// extent of their own) and so took no data space when written, by
+    /// index; they leave with their data.
+    unreserved: BTreeMap<InodeId, BTreeSet<u64>>,
+    unreserved_count: u64,
     /// Sector size, learnt from the first sector stored.
     sectorsize: u64,
     /// Buffers of long runs already written, kept for new long runs: fresh
@@ -49,6 +54,47 @@ impl Delalloc {
     /// Bytes held.
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// Bytes held that will take new data space at writeback: all but
+    /// those marked [`Delalloc::mark_unreserved`].
+    pub fn reserved_bytes(&self) -> u64 {
+        self.bytes
+            .saturating_sub(self.unreserved_count * self.sectorsize)
+    }
+
+    /// Note that dirty sectors `indexes` of `id` go in place and took no
+    /// space. A sector not dirty is left out.
+    pub fn mark_unreserved(&mut self, id: InodeId, indexes: &[u64]) {
+        let dirty: Vec<u64> = indexes
+            .iter()
+            .copied()
+            .filter(|&i| self.run_of(id, i).is_some())
+            .collect();
+        if dirty.is_empty() {
+            return;
+        }
+        let set = self.unreserved.entry(id).or_default();
+        for i in dirty {
+            if set.insert(i) {
+                self.unreserved_count += 1;
+            }
+        }
+    }
+
+    /// Forget the marks of `id`'s sectors in `range` (they left).
+    fn unmark(&mut self, id: InodeId, range: std::ops::Range<u64>) {
+        let Some(set) = self.unreserved.get_mut(&id) else {
+            return;
+        };
+        let gone: Vec<u64> = set.range(range).copied().collect();
+        for i in &gone {
+            set.remove(i);
+        }
+        self.unreserved_count -= gone.len() as u64;
+        if set.is_empty() {
+            self.unreserved.remove(&id);
+        }
     }
 
     /// The longest a run grows.
@@ -283,6 +329,7 @@ impl Delalloc {
         let Some(f) = self.files.remove(&id) else {
             return Vec::new();
         };
+        self.unmark(id, 0..u64::MAX);
         let runs: Vec<DirtyRun> = f
             .into_iter()
             .map(|(idx, data)| DirtyRun {
@@ -388,6 +435,17 @@ impl Delalloc {
         };
         let (lo, hi) = (offset / ss, (offset + len).div_ceil(ss));
         let first = file.range(..=lo).next_back().map_or(lo, |(&k, _)| k);
+        // The sectors leave: so do their marks.
+        if let Some(set) = self.unreserved.get_mut(&id) {
+            let gone: Vec<u64> = set.range(lo..hi).copied().collect();
+            for i in &gone {
+                set.remove(i);
+            }
+            self.unreserved_count -= gone.len() as u64;
+            if set.is_empty() {
+                self.unreserved.remove(&id);
+            }
+        }
         let keys: Vec<u64> = file.range(first..hi).map(|(&k, _)| k).collect();
         for k in keys {
             let Some(run) = file.remove(&k) else {
@@ -428,6 +486,7 @@ impl Delalloc {
 
     /// Forget the dirty data of `id` from sector `from_index` on.
     pub fn discard_from(&mut self, id: InodeId, from_index: u64) {
+        self.unmark(id, from_index..u64::MAX);
         let ss = self.sectorsize as usize;
         let Some(f) = self.files.get_mut(&id) else {
             return;
@@ -514,6 +573,35 @@ fn join_and_cut(runs: impl Iterator<Item = DirtyRun>, max: u64) -> Vec<DirtyRun>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sectors_marked_unreserved_leave_with_their_data() {
+        let id = InodeId {
+            subvol: 5,
+            ino: 257,
+        };
+        let ss = 4;
+        let mut d = Delalloc::default();
+        d.put_sectors(id, 0, &[1u8; 40], ss);
+        assert_eq!(d.reserved_bytes(), 40);
+        // Sector 12 is not dirty: not marked.
+        d.mark_unreserved(id, &[1, 2, 3, 5, 12]);
+        d.mark_unreserved(id, &[2]);
+        assert_eq!(d.reserved_bytes(), 24);
+        // Rewritten, a sector stays marked.
+        d.put_sectors(id, 2, &[2u8; 4], ss);
+        assert_eq!(d.reserved_bytes(), 24);
+        d.take_range(id, 8, 8);
+        assert_eq!((d.bytes(), d.reserved_bytes()), (32, 24));
+        d.discard_from(id, 5);
+        assert_eq!((d.bytes(), d.reserved_bytes()), (12, 8));
+        let runs = d.take_runs(id, ss, 1 << 20);
+        assert_eq!(runs.iter().map(|r| r.data.len()).sum::<usize>(), 12);
+        assert_eq!((d.bytes(), d.reserved_bytes()), (0, 0));
+        // Put back after a failed writeback, they count as reserved.
+        d.put_sectors(id, 0, &[1u8; 8], ss);
+        assert_eq!(d.reserved_bytes(), 8);
+    }
 
     #[test]
     fn runs_overlay_and_discard() {

@@ -1,19 +1,25 @@
-//! No-COW overwrites: a file with the NODATACOW flag is rewritten in place
-//! where its extent is plain, referenced once, not shared with a snapshot,
-//! and has no checksums. The checksum question is asked with an early-exit
-//! existence check (seed 002), never by collecting the checksums. A
-//! reference added in the running transaction (a clone) is still a delayed
-//! ref, so pending changes count as sharing too. A write into such a file
-//! checks the extent items it will overwrite first
-//! ([`Filesystem::check_nocow_write`]): a damaged one refused only at
-//! writeback would fail the commit, and with it every other change.
+//! Overwrites in place: a file with the NODATACOW flag is rewritten in
+//! place where its extent is plain and has no checksums, and any file is
+//! written in place where it has a preallocated extent (the kernel's rule:
+//! space `fallocate` reserved is used as it is, so a write there needs no
+//! new space). Either way the extent must be referenced by this file's
+//! items alone and not shared with a snapshot. The checksum question is
+//! asked with an early-exit existence check (seed 002), never by
+//! collecting the checksums. A reference added in the running transaction
+//! (a clone) is still a delayed ref, so pending changes by anyone else
+//! count as sharing too. A write into a NODATACOW file checks the extent
+//! items it will overwrite first ([`Filesystem::check_nocow_write`]): a
+//! damaged one refused only at writeback would fail the commit, and with
+//! it every other change.
 
-use crate::alloc::delayed_ref::DelayedRefs;
+use crate::alloc::delayed_ref::{DataOwner, DataRef, DelayedRefs};
+use crate::alloc::extent_tree::{DataExtentOwners, data_extent_owners};
 use crate::csum_tree;
 use crate::format::Key;
 use crate::format::consts::*;
 use crate::format::items::{ExtentBody, FileExtentItem};
 use crate::fs::{Filesystem, InodeId};
+use crate::transaction::Writer;
 use crate::{Error, Result};
 
 /// A piece of a file range: where it can be overwritten in place, if anywhere.
@@ -25,18 +31,33 @@ pub struct Segment {
     pub len: u64,
     /// Logical address to overwrite in place, or `None`: copy on write.
     pub in_place: Option<u64>,
+    /// The place is preallocated: written, its item becomes a regular
+    /// one and its sectors get checksums.
+    pub prealloc: Option<PreallocPart>,
+}
+
+/// A preallocated extent's part that a write fills in place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PreallocPart {
+    pub disk_bytenr: u64,
+    pub disk_num_bytes: u64,
+    /// Offset of the part into the extent.
+    pub extent_offset: u64,
 }
 
 impl Filesystem {
     /// Cut `[offset, offset + len)` of `id` into segments by extent, each
-    /// marked with where it can be written in place. `pending` holds the
-    /// running transaction's reference changes, not yet in the extent tree.
-    pub(crate) fn nocow_segments(
+    /// marked with where it can be written in place: preallocated extents,
+    /// and with `nocow` (the file's NODATACOW flag) plain ones too.
+    /// `pending` holds the running transaction's reference changes, not
+    /// yet in the extent tree.
+    pub(crate) fn in_place_segments(
         &self,
         id: InodeId,
         offset: u64,
         len: u64,
         pending: &DelayedRefs,
+        nocow: bool,
     ) -> Result<Vec<Segment>> {
         let end = offset + len;
         let last_snapshot = self
@@ -66,9 +87,12 @@ impl Filesystem {
                     offset: cursor,
                     len: lo - cursor,
                     in_place: None,
+                    prealloc: None,
                 });
             }
+            let prealloc = fe.extent_type == FILE_EXTENT_PREALLOC;
             let mut in_place = None;
+            let mut part = None;
             if let ExtentBody::Regular {
                 disk_bytenr,
                 disk_num_bytes,
@@ -76,42 +100,59 @@ impl Filesystem {
                 ..
             } = fe.body
                 && disk_bytenr != 0
-                && fe.extent_type == FILE_EXTENT_REG
+                && (prealloc || (nocow && fe.extent_type == FILE_EXTENT_REG))
                 && fe.compression == COMPRESS_NONE
                 && fe.encryption == 0
                 && fe.generation > last_snapshot
             {
-                let refs = match &extents {
-                    Some(t) => t
-                        .get(&Key::new(disk_bytenr, EXTENT_ITEM_KEY, disk_num_bytes))?
-                        .and_then(|it| {
-                            it.data()
-                                .get(..8)
-                                .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
-                        }),
-                    None => None,
+                let owner = DataOwner {
+                    root: id.subvol,
+                    objectid: id.ino,
+                    offset: k.wrapping_sub(eoff),
+                };
+                // Pending changes: this file's own (a preallocated extent
+                // split by an earlier write), or another's (a clone).
+                let pending_ours = pending
+                    .data
+                    .get(&disk_bytenr)
+                    .map(|d| d.changes.keys().all(|r| *r == DataRef::Root(owner)));
+                let recorded = match &extents {
+                    Some(t) => data_extent_owners(t, disk_bytenr, disk_num_bytes, owner)?,
+                    None => DataExtentOwners::NoItem,
+                };
+                let sole = match recorded {
+                    DataExtentOwners::Item { sole, generation } => {
+                        sole && generation > last_snapshot && pending_ours != Some(false)
+                    }
+                    // Made by the running transaction.
+                    DataExtentOwners::NoItem => pending_ours == Some(true),
                 };
                 let at = disk_bytenr + eoff + (lo - k);
-                let summed = match &csums {
-                    Some(t) => csum_tree::any_in_range(
-                        t,
-                        at,
-                        hi - lo,
-                        self.geometry().sectorsize,
-                        self.geometry().csum_size,
-                    )?,
-                    None => false,
-                };
-                // Any pending change (a clone's new reference) may share it.
-                let untouched = !pending.data.contains_key(&disk_bytenr);
-                if refs == Some(1) && untouched && !summed {
+                let summed = sole
+                    && match &csums {
+                        Some(t) => csum_tree::any_in_range(
+                            t,
+                            at,
+                            hi - lo,
+                            self.geometry().sectorsize,
+                            self.geometry().csum_size,
+                        )?,
+                        None => false,
+                    };
+                if sole && !summed {
                     in_place = Some(at);
+                    part = prealloc.then_some(PreallocPart {
+                        disk_bytenr,
+                        disk_num_bytes,
+                        extent_offset: eoff + (lo - k),
+                    });
                 }
             }
             push(Segment {
                 offset: lo,
                 len: hi - lo,
                 in_place,
+                prealloc: part,
             });
             cursor = hi;
         }
@@ -120,13 +161,128 @@ impl Filesystem {
                 offset: cursor,
                 len: end - cursor,
                 in_place: None,
+                prealloc: None,
             });
         }
         Ok(out)
     }
 
-    /// Refuse a write of `len` bytes at `offset` into no-COW file `id`
-    /// whose sectors writeback could not place: a damaged extent item
+    /// Write `data` into the preallocated `part` that file offset `offset`
+    /// of `id` maps to, and make that range of the file regular data: the
+    /// preallocated item is cut around it (its pieces keep the extent),
+    /// the written range joins a regular neighbour of the same extent that
+    /// ends or starts where it does (as the kernel merges them), and its
+    /// sectors get checksums unless the file has none.
+    pub(crate) fn fill_prealloc(
+        &self,
+        w: &mut Writer,
+        id: InodeId,
+        offset: u64,
+        part: PreallocPart,
+        data: &[u8],
+    ) -> Result<()> {
+        let len = data.len() as u64;
+        let at = part.disk_bytenr + part.extent_offset;
+        let geo = self.geometry();
+        let summed = self.inode_item(id)?.flags & INODE_NODATASUM == 0;
+        let mut sums = Vec::new();
+        if summed {
+            self.csum_spec().sums_into(data, &mut sums);
+        }
+        self.tree_reader().volume().write(at, data)?;
+        let removed = self.drop_range(w, id, offset, offset + len)?;
+        // The same extent, continuing: a regular item ending at `offset`
+        // and one starting at its end, if they map the bytes around it.
+        let same_extent = |fe: &FileExtentItem| match fe.body {
+            ExtentBody::Regular {
+                disk_bytenr,
+                disk_num_bytes,
+                offset: eoff,
+                num_bytes,
+            } if fe.extent_type == FILE_EXTENT_REG
+                && fe.compression == COMPRESS_NONE
+                && fe.encryption == 0
+                && disk_bytenr == part.disk_bytenr
+                && disk_num_bytes == part.disk_num_bytes =>
+            {
+                Some((eoff, num_bytes))
+            }
+            _ => None,
+        };
+        let mut start = offset;
+        let mut eoff = part.extent_offset;
+        let mut num = len;
+        let mut before = None;
+        let mut after = None;
+        let around = offset.saturating_sub(1)..offset.saturating_add(len).saturating_add(1);
+        for (k, fe) in self.extent_items_in(id, around.start, around.end)? {
+            match same_extent(&fe) {
+                Some((e, n)) if k + n == offset && e + n == part.extent_offset => {
+                    before = Some(k);
+                    start = k;
+                    eoff = e;
+                    num += n;
+                }
+                Some((e, n)) if k == offset + len && e == part.extent_offset + len => {
+                    after = Some(k);
+                    num += n;
+                }
+                _ => {}
+            }
+        }
+        let fe = FileExtentItem {
+            generation: w.blocks.transid,
+            ram_bytes: part.disk_num_bytes,
+            compression: COMPRESS_NONE,
+            encryption: 0,
+            other_encoding: 0,
+            extent_type: FILE_EXTENT_REG,
+            body: ExtentBody::Regular {
+                disk_bytenr: part.disk_bytenr,
+                disk_num_bytes: part.disk_num_bytes,
+                offset: eoff,
+                num_bytes: num,
+            },
+        };
+        let bytes = fe.to_bytes();
+        self.modify_tree(w, id.subvol, |ed, root| {
+            let key = Key::new(id.ino, EXTENT_DATA_KEY, start);
+            if before.is_some() {
+                ed.put(root, key, bytes)?;
+            } else {
+                ed.insert(root, key, bytes)?;
+            }
+            if let Some(k) = after {
+                ed.delete(root, Key::new(id.ino, EXTENT_DATA_KEY, k))?;
+            }
+            Ok(())
+        })?;
+        let owner = DataOwner {
+            root: id.subvol,
+            objectid: id.ino,
+            offset: start.wrapping_sub(eoff),
+        };
+        let items = i64::from(before.is_none()) - i64::from(after.is_some());
+        if items != 0 {
+            w.blocks
+                .refs
+                .change_data(part.disk_bytenr, part.disk_num_bytes, owner, items);
+        }
+        if removed != len {
+            self.change_inode(w, id, |i| {
+                i.nbytes = i.nbytes.saturating_sub(removed).saturating_add(len)
+            })?;
+        }
+        if summed {
+            self.modify_tree(w, CSUM_TREE_OBJECTID, |ed, root| {
+                csum_tree::insert(ed, root, at, &sums, geo.sectorsize, geo.csum_size)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Refuse a write of `len` bytes at `offset` into file `id` (no-COW or
+    /// preallocated) whose sectors writeback could not place: a damaged extent item
     /// there would fail the commit (and every later one) instead of this
     /// write. Called before the write changes anything.
     pub(crate) fn check_nocow_write(&self, id: InodeId, offset: u64, len: u64) -> Result<()> {
@@ -261,6 +417,24 @@ mod tests {
         // Sector 0 and 2 in part, sector 1 whole.
         corrupt(t.fs().write(id, 100, &[2u8; 8192]));
         assert!(!t.fs().delalloc().has(id), "the whole sector was kept");
+        assert_eq!(t.inode(id), before);
+        t.fs().commit().unwrap();
+    }
+
+    #[test]
+    fn a_damaged_preallocated_extent_fails_the_write() {
+        let t = TestFs::new();
+        let id = t.fs().create(t.fs().root(), b"pre", FILE).unwrap().id;
+        t.fs().fallocate(id, 0, 0, 12288).unwrap();
+        t.fs().commit().unwrap();
+        // Written in place, the last sectors would land past the extent.
+        t.skew_extent(id, 0, 8192);
+        t.fs().commit().unwrap();
+        let before = t.inode(id);
+        let m = corrupt(t.fs().write(id, 0, &[7u8; 12288]));
+        assert!(m.contains("reaches past the end of the extent"), "{m}");
+        // Refused before anything of it was taken: commits go on.
+        assert!(!t.fs().delalloc().has(id));
         assert_eq!(t.inode(id), before);
         t.fs().commit().unwrap();
     }

@@ -565,7 +565,7 @@ impl Filesystem {
     /// will find the space for it.
     fn put_dirty_sector(&self, w: &mut Writer, id: InodeId, idx: u64, data: Vec<u8>) -> Result<()> {
         let ss = self.geometry().sectorsize as u64;
-        let need = self.delalloc().bytes() + ss;
+        let need = self.delalloc().reserved_bytes() + ss;
         if self.space_free(w, SpaceKind::Data) < need {
             match self.alloc_chunk(w, SpaceKind::Data) {
                 Ok(()) | Err(Error::NoSpace(_)) => {}

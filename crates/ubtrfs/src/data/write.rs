@@ -100,8 +100,8 @@ impl Filesystem {
                 .checked_add(data.len() as u64)
                 .filter(|&e| e <= i64::MAX as u64)
                 .ok_or_else(|| Error::Invalid("write past the largest file size".into()))?;
-            if inode.flags & INODE_NODATACOW != 0 {
-                // Writeback overwrites these sectors in place: a damaged
+            if inode.flags & (INODE_NODATACOW | INODE_PREALLOC) != 0 {
+                // Writeback may write these sectors in place: a damaged
                 // extent there fails this write, not the commit.
                 self.check_nocow_write(id, offset, data.len() as u64)?;
             }
@@ -120,6 +120,13 @@ impl Filesystem {
             // data). Reserving may commit, which writes dirty sectors back
             // (and an inline extent's moved sector): they count again then.
             let mut tries = 0;
+            // Sectors written where the file has room of its own (a
+            // preallocated or no-COW extent) need no new space: when space
+            // is short they are marked so and not reserved (as the kernel
+            // does; a snapshot or clone, which could share that room,
+            // writes them back first).
+            let may_in_place = inode.flags & (INODE_NODATACOW | INODE_PREALLOC) != 0;
+            let mut own = Vec::new();
             let (uninline, new_sectors) = loop {
                 let uninline = (new_size > MAX_INLINE || new_size >= ss) && self.has_inline(id)?;
                 let new_sectors = {
@@ -129,8 +136,13 @@ impl Filesystem {
                         .count() as u64
                         + u64::from(uninline && first > 0 && d.sector(id, 0).is_none())
                 };
+                own.clear();
+                if may_in_place && !self.dirty_space_fits(&w, new_sectors * ss) {
+                    own = self.new_sectors_in_place(&w, id, first, last, inode.flags)?;
+                }
+                let to_reserve = new_sectors.saturating_sub(own.len() as u64);
                 let transid = w.blocks.transid;
-                self.reserve_dirty_space(&mut w, new_sectors * ss)?;
+                self.reserve_dirty_space(&mut w, to_reserve * ss)?;
                 tries += 1;
                 if w.blocks.transid == transid || tries == 3 {
                     break (uninline, new_sectors);
@@ -171,6 +183,9 @@ impl Filesystem {
                 self.delalloc().put_run(id, first, buf, ss);
             } else {
                 self.put_large(id, offset, data, &inode, uninline, ss)?;
+            }
+            if !own.is_empty() {
+                self.delalloc().mark_unreserved(id, &own);
             }
             // The data is in: from here on a failure leaves it past the
             // size the inode says.
@@ -554,10 +569,42 @@ impl Filesystem {
         Ok(())
     }
 
+    /// Whether `more` bytes of dirty data fit the free data space now,
+    /// without a commit or a new chunk.
+    fn dirty_space_fits(&self, w: &Writer, more: u64) -> bool {
+        self.space_free(w, SpaceKind::Data) >= self.delalloc().reserved_bytes() + more
+    }
+
+    /// Which of sectors `first..=last` of `id`, not dirty yet, lie where a
+    /// write goes in place ([`Filesystem::in_place_segments`]).
+    fn new_sectors_in_place(
+        &self,
+        w: &Writer,
+        id: InodeId,
+        first: u64,
+        last: u64,
+        flags: u64,
+    ) -> Result<Vec<u64>> {
+        let ss = self.geometry().sectorsize as u64;
+        let nocow = flags & INODE_NODATACOW != 0;
+        let segs = self.in_place_segments(
+            id,
+            first * ss,
+            (last - first + 1) * ss,
+            &w.blocks.refs,
+            nocow,
+        )?;
+        let d = self.delalloc();
+        Ok(segs
+            .iter()
+            .filter(|s| s.in_place.is_some())
+            .flat_map(|s| s.offset / ss..(s.offset + s.len).div_ceil(ss))
+            .filter(|&i| d.sector(id, i).is_none())
+            .collect())
+    }
+
     pub(crate) fn reserve_dirty_space(&self, w: &mut Writer, more: u64) -> Result<()> {
-        let enough = |fs: &Self, w: &Writer| {
-            fs.space_free(w, SpaceKind::Data) >= fs.delalloc().bytes() + more
-        };
+        let enough = |fs: &Self, w: &Writer| fs.dirty_space_fits(w, more);
         if enough(self, w) {
             return Ok(());
         }
@@ -565,8 +612,8 @@ impl Filesystem {
         // when that would do, commit rather than take a new chunk (the
         // device would fill with data chunks that metadata then lacks),
         // as the kernel commits before it grows or says ENOSPC.
-        let short =
-            (self.delalloc().bytes() + more).saturating_sub(self.space_free(w, SpaceKind::Data));
+        let short = (self.delalloc().reserved_bytes() + more)
+            .saturating_sub(self.space_free(w, SpaceKind::Data));
         let freed_by_commit =
             w.blocks.alloc.pinned_bytes(SpaceKind::Data) + w.blocks.refs.data_bytes_dropping();
         if freed_by_commit >= short {
@@ -682,20 +729,23 @@ impl Filesystem {
             })?;
         } else {
             let nocow = inode.flags & INODE_NODATACOW != 0;
-            if nocow {
+            // Only a file that was ever preallocated has such extents.
+            let in_place = nocow || inode.flags & INODE_PREALLOC != 0;
+            if in_place {
                 // Bytes rewritten in place must not race an older write
                 // of the same extent.
                 self.finish_in_flight(w, Some(id), true)?;
             }
             for run in runs.iter_mut() {
                 let len = run.data.len() as u64;
-                let segs = if nocow {
-                    self.nocow_segments(id, run.offset, len, &w.blocks.refs)?
+                let segs = if in_place {
+                    self.in_place_segments(id, run.offset, len, &w.blocks.refs, nocow)?
                 } else {
                     vec![super::nocow::Segment {
                         offset: run.offset,
                         len,
                         in_place: None,
+                        prealloc: None,
                     }]
                 };
                 if let [seg] = &segs[..]
@@ -709,10 +759,16 @@ impl Filesystem {
                 for seg in segs {
                     let from = (seg.offset - run.offset) as usize;
                     let bytes = &run.data[from..from + seg.len as usize];
-                    match seg.in_place {
+                    match (seg.in_place, seg.prealloc) {
+                        // Preallocated: written, the extent becomes data.
+                        (Some(_), Some(part)) => {
+                            self.fill_prealloc(w, id, seg.offset, part, bytes)?
+                        }
                         // The extent stays; only its bytes change.
-                        Some(at) => self.tree_reader().volume().write(at, bytes)?,
-                        None => self.cow_range(w, id, seg.offset, &mut bytes.to_vec(), false)?,
+                        (Some(at), None) => self.tree_reader().volume().write(at, bytes)?,
+                        (None, _) => {
+                            self.cow_range(w, id, seg.offset, &mut bytes.to_vec(), false)?
+                        }
                     }
                 }
                 run.data = Vec::new();
@@ -803,7 +859,8 @@ impl Filesystem {
         Ok(())
     }
 
-    /// How new extents of `id` are compressed, if at all: the inode's
+    /// How new extents of `id` are compressed, if at all: never for a
+    /// no-COW, no-checksum or ever preallocated file; the inode's
     /// no-compress flag wins, unless the mount forces compression (as in
     /// the kernel); then the algorithm of its compression
     /// property (`btrfs.compression`, which comes with the compress
@@ -811,7 +868,9 @@ impl Filesystem {
     /// for the compress flag, as in the kernel.
     fn compression_for(&self, w: &Writer, id: InodeId) -> Result<Option<CompressWith>> {
         let flags = self.inode_item(id)?.flags;
-        if flags & (INODE_NODATACOW | INODE_NODATASUM) != 0 {
+        // A file ever preallocated is written as the kernel writes it, in
+        // place where it can be and plain where it cannot.
+        if flags & (INODE_NODATACOW | INODE_NODATASUM | INODE_PREALLOC) != 0 {
             return Ok(None);
         }
         let forced = w.compress_force && w.compress.is_some();
@@ -1009,7 +1068,7 @@ impl Filesystem {
     /// The file extent items of `id` that reach into `[start, end)`: the
     /// search starts at the one covering `start`, so the cost follows the
     /// range, not the size of the file.
-    fn extent_items_in(
+    pub(super) fn extent_items_in(
         &self,
         id: InodeId,
         start: u64,

@@ -521,7 +521,7 @@ impl Filesystem {
             .map(|g| (g.flags, g.used))
             .collect();
         drop(w);
-        let data_free = data_free.saturating_sub(self.delalloc().bytes());
+        let data_free = data_free.saturating_sub(self.delalloc().reserved_bytes());
         self.space_figures(&groups, data_free, reserve)
     }
 

@@ -91,6 +91,9 @@ pub enum Error {
     /// No such file, directory or tree item.
     #[error("not found: {0}")]
     NotFound(String),
+    /// No such device in the filesystem (a device id asked for).
+    #[error("no such device: {0}")]
+    NoDevice(String),
     /// The operation needs a directory.
     #[error("not a directory: {0}")]
     NotDir(String),
@@ -149,6 +152,7 @@ impl Error {
     pub fn errno(&self) -> i32 {
         match self {
             Error::NotFound(_) => libc::ENOENT,
+            Error::NoDevice(_) => libc::ENODEV,
             Error::NotDir(_) => libc::ENOTDIR,
             Error::IsDir(_) => libc::EISDIR,
             Error::Invalid(_) => libc::EINVAL,

@@ -101,7 +101,7 @@ impl Filesystem {
                 .devices
                 .get(devid)
                 .cloned()
-                .ok_or_else(|| Error::NotFound(format!("resize: no device {devid}")))?;
+                .ok_or_else(|| Error::NoDevice(format!("resize: no device {devid}")))?;
             let key = Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, devid);
             let item = self
                 .chunk_tree()

@@ -362,3 +362,36 @@ fn a_logged_write_into_preallocated_space_survives_a_crash() {
     drop(fs);
     check(&img);
 }
+
+/// A stream into preallocated space, larger than what is held dirty: the
+/// writeback thread writes it in place while writes go on, reads find it
+/// meanwhile, and no new data extent is taken.
+#[test]
+fn a_stream_into_preallocated_space_is_written_in_place_in_the_background() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path(), 512 << 20);
+    let fs = Filesystem::open_read_write(&[&img]).unwrap();
+    let f = fs.create(fs.root(), b"f", file()).unwrap().id;
+    let len = 160 * M;
+    fs.fallocate(f, 0, 0, len).unwrap();
+    fs.commit().unwrap();
+    let free = fs.statfs().free_bytes;
+    let data = bytes(len, 11);
+    for (i, piece) in data.chunks(M as usize).enumerate() {
+        fs.write(f, i as u64 * M, piece).unwrap();
+        // Reads of what was written so far, some of it still in flight.
+        if i % 16 == 15 {
+            let upto = (i as u64 + 1) * M;
+            assert!(fs.read(f, 0, upto as usize).unwrap() == data[..upto as usize]);
+        }
+    }
+    assert!(fs.read_all(f).unwrap() == data);
+    fs.commit().unwrap();
+    assert_eq!(fs.statfs().free_bytes, free, "new data extents were taken");
+    let pieces = layout(&fs, f);
+    assert!(pieces.iter().all(|p| p.kind == "regular"), "{pieces:?}");
+    drop(fs);
+    check(&img);
+    let fs = Filesystem::open(&[&img]).unwrap();
+    assert!(fs.read_all(fs.resolve_path(b"/f").unwrap()).unwrap() == data);
+}

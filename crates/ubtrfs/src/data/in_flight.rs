@@ -164,6 +164,18 @@ impl InFlight {
         s.extents.is_empty() && s.failed.is_none()
     }
 
+    /// Whether any data in flight lies in `[logical, logical + len)`.
+    pub fn overlaps(&self, logical: u64, len: u64) -> bool {
+        if !self.any.load(Ordering::Acquire) {
+            return false;
+        }
+        let s = self.shared.lock();
+        s.extents
+            .range(..logical.saturating_add(len))
+            .next_back()
+            .is_some_and(|(&start, e)| start + e.len as u64 > logical)
+    }
+
     /// Whether inode `owner` has data in flight, or a write failed.
     pub fn has(&self, owner: InodeId) -> bool {
         let s = self.shared.lock();

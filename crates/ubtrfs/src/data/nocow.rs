@@ -21,6 +21,7 @@ use crate::format::items::{ExtentBody, FileExtentItem};
 use crate::fs::{Filesystem, InodeId};
 use crate::transaction::Writer;
 use crate::{Error, Result};
+use std::sync::Arc;
 
 /// A piece of a file range: where it can be overwritten in place, if anywhere.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -173,23 +174,46 @@ impl Filesystem {
     /// the written range joins a regular neighbour of the same extent that
     /// ends or starts where it does (as the kernel merges them), and its
     /// sectors get checksums unless the file has none.
+    ///
+    /// With `background`, the writeback thread writes the bytes and their
+    /// checksums go in when it is done ([`super::in_flight`]); the range
+    /// then stays an item of its own, so a read of it finds all of it in
+    /// flight or all of it on disk.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn fill_prealloc(
         &self,
         w: &mut Writer,
         id: InodeId,
         offset: u64,
         part: PreallocPart,
-        data: &[u8],
+        data: &Arc<Vec<u8>>,
+        range: std::ops::Range<usize>,
+        background: bool,
     ) -> Result<()> {
-        let len = data.len() as u64;
+        let len = range.len() as u64;
         let at = part.disk_bytenr + part.extent_offset;
         let geo = self.geometry();
         let summed = self.inode_item(id)?.flags & INODE_NODATASUM == 0;
         let mut sums = Vec::new();
-        if summed {
-            self.csum_spec().sums_into(data, &mut sums);
+        if background {
+            // In flight before the item names it: a reader finds it there.
+            self.in_flight.submit(
+                self.tree_reader().volume(),
+                self.csum_spec(),
+                at,
+                id,
+                Arc::clone(data),
+                range.start,
+                range.len(),
+                summed,
+            )?;
+        } else {
+            let bytes = &data[range];
+            if summed {
+                self.csum_spec().sums_into(bytes, &mut sums);
+            }
+            self.tree_reader().volume().write(at, bytes)?;
         }
-        self.tree_reader().volume().write(at, data)?;
         let removed = self.drop_range(w, id, offset, offset + len)?;
         // The same extent, continuing: a regular item ending at `offset`
         // and one starting at its end, if they map the bytes around it.
@@ -216,6 +240,13 @@ impl Filesystem {
         let mut after = None;
         let around = offset.saturating_sub(1)..offset.saturating_add(len).saturating_add(1);
         for (k, fe) in self.extent_items_in(id, around.start, around.end)? {
+            // A neighbour still in flight stays apart too.
+            let joinable = !background
+                && same_extent(&fe)
+                    .is_some_and(|(e, n)| !self.in_flight.overlaps(part.disk_bytenr + e, n));
+            if !joinable {
+                continue;
+            }
             match same_extent(&fe) {
                 Some((e, n)) if k + n == offset && e + n == part.extent_offset => {
                     before = Some(k);
@@ -273,7 +304,7 @@ impl Filesystem {
                 i.nbytes = i.nbytes.saturating_sub(removed).saturating_add(len)
             })?;
         }
-        if summed {
+        if summed && !background {
             self.modify_tree(w, CSUM_TREE_OBJECTID, |ed, root| {
                 csum_tree::insert(ed, root, at, &sums, geo.sectorsize, geo.csum_size)
             })?;

@@ -731,9 +731,10 @@ impl Filesystem {
             let nocow = inode.flags & INODE_NODATACOW != 0;
             // Only a file that was ever preallocated has such extents.
             let in_place = nocow || inode.flags & INODE_PREALLOC != 0;
-            if in_place {
+            if nocow {
                 // Bytes rewritten in place must not race an older write
-                // of the same extent.
+                // of the same extent. (Preallocated space is written in
+                // place once: it is a regular extent after.)
                 self.finish_in_flight(w, Some(id), true)?;
             }
             for run in runs.iter_mut() {
@@ -756,20 +757,31 @@ impl Filesystem {
                     self.cow_range(w, id, run.offset, &mut run.data, background && !nocow)?;
                     continue;
                 }
-                for seg in segs {
+                let data = Arc::new(std::mem::take(&mut run.data));
+                let placed = segs.into_iter().try_for_each(|seg| {
                     let from = (seg.offset - run.offset) as usize;
-                    let bytes = &run.data[from..from + seg.len as usize];
+                    let range = from..from + seg.len as usize;
+                    let bytes = &data[range.clone()];
                     match (seg.in_place, seg.prealloc) {
                         // Preallocated: written, the extent becomes data.
-                        (Some(_), Some(part)) => {
-                            self.fill_prealloc(w, id, seg.offset, part, bytes)?
-                        }
+                        (Some(_), Some(part)) => self.fill_prealloc(
+                            w,
+                            id,
+                            seg.offset,
+                            part,
+                            &data,
+                            range,
+                            background && !nocow,
+                        ),
                         // The extent stays; only its bytes change.
-                        (Some(at), None) => self.tree_reader().volume().write(at, bytes)?,
-                        (None, _) => {
-                            self.cow_range(w, id, seg.offset, &mut bytes.to_vec(), false)?
-                        }
+                        (Some(at), None) => self.tree_reader().volume().write(at, bytes),
+                        (None, _) => self.cow_range(w, id, seg.offset, &mut bytes.to_vec(), false),
                     }
+                });
+                if let Err(e) = placed {
+                    // The caller puts the run back as dirty data.
+                    run.data = Arc::unwrap_or_clone(data);
+                    return Err(e);
                 }
                 run.data = Vec::new();
             }

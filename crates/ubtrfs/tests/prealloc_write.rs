@@ -250,8 +250,10 @@ fn a_full_filesystem_takes_writes_into_space_preallocated_before() {
     put(21_000, 500, 9);
     put(M + 10, 3 * M, 2);
     put(5 * M, 3 * M, 3);
+    // Past the end first: kept beyond its size, as KEEP_SIZE leaves it.
     let kept_data = bytes(2 * M, 4);
-    fs.write(kept, 0, &kept_data).unwrap();
+    fs.write(kept, M, &kept_data[M as usize..]).unwrap();
+    fs.write(kept, 0, &kept_data[..M as usize]).unwrap();
     let nocow_data = bytes(4 * M, 6);
     fs.write(nocow, 0, &nocow_data).unwrap();
     assert_eq!(fs.aborted(), None);

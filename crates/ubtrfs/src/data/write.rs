@@ -105,10 +105,14 @@ impl Filesystem {
                 // extent there fails this write, not the commit.
                 self.check_nocow_write(id, offset, data.len() as u64)?;
             }
-            if offset > inode.size {
+            let ss = self.geometry().sectorsize as u64;
+            if offset > inode.size && !inode.size.is_multiple_of(ss) {
                 // The old last sector may hold stale bytes past the end (the
                 // kernel leaves them when it shrinks a file): zero them first.
-                self.reserve_dirty_space(&mut w, self.geometry().sectorsize as u64)?;
+                // (A size on a sector boundary has none: nothing to reserve,
+                // so a full filesystem still takes writes into space
+                // preallocated past the end.)
+                self.reserve_dirty_space(&mut w, ss)?;
                 self.zero_tail(&mut w, id, inode.size, true)?;
             }
             let new_size = inode.size.max(end);

@@ -430,22 +430,13 @@ impl Delalloc {
         if ss == 0 || len == 0 {
             return;
         }
+        let (lo, hi) = (offset / ss, (offset + len).div_ceil(ss));
+        // The sectors leave: so do their marks.
+        self.unmark(id, lo..hi);
         let Some(file) = self.files.get_mut(&id) else {
             return;
         };
-        let (lo, hi) = (offset / ss, (offset + len).div_ceil(ss));
         let first = file.range(..=lo).next_back().map_or(lo, |(&k, _)| k);
-        // The sectors leave: so do their marks.
-        if let Some(set) = self.unreserved.get_mut(&id) {
-            let gone: Vec<u64> = set.range(lo..hi).copied().collect();
-            for i in &gone {
-                set.remove(i);
-            }
-            self.unreserved_count -= gone.len() as u64;
-            if set.is_empty() {
-                self.unreserved.remove(&id);
-            }
-        }
         let keys: Vec<u64> = file.range(first..hi).map(|(&k, _)| k).collect();
         for k in keys {
             let Some(run) = file.remove(&k) else {

@@ -462,6 +462,126 @@ fn mixed_block_groups_fill_up_and_commit() {
     assert_eq!(fs.read_all(big).unwrap(), vec![7u8; 40 << 20]);
 }
 
+/// `fallocate` at the very edge of a full filesystem, over a range that
+/// holds the file's last, partly written sector and reaches past the end:
+/// that sector's tail must be zeroed on disk, which takes a sector of new
+/// space besides the preallocation. Asked for a little less each time,
+/// every call is refused whole (ENOSPC, nothing changed) until one fits;
+/// none may fail half-way. (It did, once the preallocation took the last
+/// free byte: the filesystem then took no more changes.)
+#[test]
+fn fallocate_on_a_full_filesystem_fits_or_changes_nothing() {
+    use ubtrfs::data::FALLOC_FL_ZERO_RANGE;
+    for (mkfs_args, mode) in [
+        (&["--mixed"][..], 0),
+        (&[][..], 0),
+        (&["--mixed"][..], FALLOC_FL_ZERO_RANGE),
+    ] {
+        let what = format!("mkfs {mkfs_args:?}, mode {mode:#x}");
+        let dir = tempfile::tempdir().unwrap();
+        let imgs = mkfs(dir.path(), mkfs_args, 1, 128 << 20);
+        let fs = Filesystem::open_read_write(&imgs).unwrap();
+        let head: Vec<u8> = (0..3 * 4096 + 100).map(|i| (i % 199) as u8 + 1).collect();
+        let t = fs.create(fs.root(), b"t", file(0o644)).unwrap().id;
+        fs.write(t, 0, &head).unwrap();
+        let fill = vec![9u8; 1 << 20];
+        for i in 0.. {
+            let f = fs.create(fs.root(), format!("f{i}").as_bytes(), file(0o644));
+            match f.and_then(|st| fs.write(st.id, 0, &fill)) {
+                Ok(_) => {}
+                Err(ubtrfs::Error::NoSpace(_)) => break,
+                Err(e) => panic!("{what}: filling: {e:?}"),
+            }
+        }
+        fs.commit().unwrap();
+        // From past what is free down to nothing, a sector less each time.
+        let free = fs.statfs().free_bytes;
+        let mut len = free + (2 << 20);
+        let mut fitted = None;
+        while len > 0 {
+            match fs.fallocate(t, mode, 2 * 4096 + 50, len) {
+                Ok(()) => {
+                    fitted = Some(len);
+                    break;
+                }
+                Err(ubtrfs::Error::NoSpace(_)) => {}
+                Err(e) => panic!("{what}: fallocate of {len} bytes: {e:?}"),
+            }
+            assert_eq!(fs.aborted(), None, "{what}: fallocate of {len} bytes");
+            len -= 4096;
+        }
+        let fitted = fitted.unwrap_or_else(|| panic!("{what}: no fallocate fitted"));
+        assert_eq!(fs.aborted(), None, "{what}");
+        fs.commit().unwrap();
+        let mut want = head.clone();
+        want.resize((2 * 4096 + 50 + fitted) as usize, 0);
+        if mode == FALLOC_FL_ZERO_RANGE {
+            want[2 * 4096 + 50..].fill(0);
+        }
+        assert_eq!(fs.read_all(t).unwrap(), want, "{what}");
+        drop(fs);
+        check(&imgs);
+    }
+}
+
+/// A filesystem full to the last sector still takes what writes no data:
+/// a hole punched in whole sectors, a file cut shorter (anywhere, the
+/// rest of its last sector stays on disk as it is), and growing a file
+/// whose size is on a sector boundary, as kernel btrfs takes them. A
+/// hole with a partial sector at an end, which must be written, is
+/// refused whole.
+#[test]
+fn a_full_filesystem_takes_holes_and_truncates_that_write_nothing() {
+    use ubtrfs::data::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE};
+    let punch = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE;
+    let dir = tempfile::tempdir().unwrap();
+    let imgs = mkfs(dir.path(), &[], 1, 128 << 20);
+    let fs = Filesystem::open_read_write(&imgs).unwrap();
+    let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8 + 1).collect();
+    let t = fs.create(fs.root(), b"t", file(0o644)).unwrap().id;
+    fs.write(t, 0, &data).unwrap();
+    fs.commit().unwrap();
+    let fill = fs.create(fs.root(), b"fill", file(0o644)).unwrap().id;
+    let mut at = 0u64;
+    for piece in [1u64 << 20, 4096] {
+        loop {
+            match fs.write(fill, at, &vec![5u8; piece as usize]) {
+                Ok(_) => at += piece,
+                Err(ubtrfs::Error::NoSpace(_)) => break,
+                Err(e) => panic!("filling: {e:?}"),
+            }
+        }
+    }
+    fs.commit().unwrap();
+    assert!(
+        matches!(fs.write(fill, at, &[1]), Err(ubtrfs::Error::NoSpace(_))),
+        "not full"
+    );
+    let mut want = data.clone();
+    // A hole with a partial sector at its start needs that sector written.
+    assert!(matches!(
+        fs.fallocate(t, punch, 100, 8192),
+        Err(ubtrfs::Error::NoSpace(_))
+    ));
+    fs.fallocate(t, punch, 64 << 10, 128 << 10).unwrap();
+    want[64 << 10..192 << 10].fill(0);
+    fs.truncate(t, 512 << 10).unwrap();
+    fs.truncate(t, 300_001).unwrap();
+    want.truncate(300_001);
+    assert_eq!(fs.aborted(), None);
+    fs.commit().unwrap();
+    assert_eq!(fs.read_all(t).unwrap(), want);
+    // Growing from a size on a sector boundary zeroes nothing.
+    fs.truncate(t, 200 << 10).unwrap();
+    fs.truncate(t, 400 << 10).unwrap();
+    want.truncate(200 << 10);
+    want.resize(400 << 10, 0);
+    fs.commit().unwrap();
+    assert_eq!(fs.read_all(t).unwrap(), want);
+    drop(fs);
+    check(&imgs);
+}
+
 /// Metadata filled to the end with small (inline) files, then every tenth
 /// removed: each removal copies tree blocks whose old copies stay pinned
 /// until a commit, so removals must commit when the reserve runs low

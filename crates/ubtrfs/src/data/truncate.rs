@@ -123,9 +123,13 @@ impl Filesystem {
             return Ok(());
         }
         let ss = self.geometry().sectorsize as u64;
-        // The old last sector and a moved inline extent become dirty data:
-        // room for them now, while a commit could still free it.
-        self.reserve_dirty_space(w, 2 * ss)?;
+        // Growing zeroes the old last sector past the old end (an inline
+        // extent moves out with it): room for that sector now, while a
+        // commit could still free it. Shrinking writes no data, so a full
+        // filesystem takes it, as the kernel's does.
+        if new_size > old && !old.is_multiple_of(ss) {
+            self.reserve_dirty_space(w, ss)?;
+        }
         let (mut removed, mut added) = (0u64, 0u64);
         if new_size < old {
             self.delalloc().discard_from(id, new_size.div_ceil(ss));
@@ -230,14 +234,25 @@ impl Filesystem {
     ) -> Result<()> {
         let ss = self.geometry().sectorsize as u64;
         let size = self.inode_item(id)?.size;
-        // The partial sectors at either end become dirty data.
-        self.reserve_dirty_space(w, 2 * ss)?;
         // Nothing past the end of file is punched (its last sector included).
         let end = end.min(size.div_ceil(ss) * ss);
+        let spans = self.spans(id)?;
+        let inline = spans.iter().any(|s| s.kind == Kind::Inline);
+        // The partial sectors at either end become dirty data: room for
+        // them first. A hole of whole sectors writes none, so a full
+        // filesystem takes it.
+        let partial = match (offset.div_ceil(ss) * ss, end / ss * ss) {
+            _ if offset >= end => 0,
+            _ if inline => 1,
+            (lo, hi) if lo > hi => 1,
+            (lo, hi) => u64::from(offset < lo) + u64::from(hi < end),
+        };
+        if partial > 0 {
+            self.reserve_dirty_space(w, partial * ss)?;
+        }
         let mut removed = 0;
         if offset < end {
-            let spans = self.spans(id)?;
-            if spans.iter().any(|s| s.kind == Kind::Inline) {
+            if inline {
                 self.zero_bytes(w, id, offset, end.min(ss))?;
             } else {
                 let lo = offset.div_ceil(ss) * ss;
@@ -315,16 +330,21 @@ impl Filesystem {
         // zeroed at either end, which become dirty data.
         let added: u64 = segs.iter().map(|(a, b)| b - a).sum();
         let last = old / ss * ss;
+        // The old last sector is zeroed past the old end when the file
+        // grows; zeroing a range preallocates it anew instead when the
+        // range holds it whole.
         let edges = [
             zero && inline,
             zero && !offset.is_multiple_of(ss),
             zero && !end.is_multiple_of(ss),
-            end > old && !old.is_multiple_of(ss) && !(a0 <= last && last + ss <= a1),
+            end > old && !old.is_multiple_of(ss) && !(zero && a0 <= last && last + ss <= a1),
         ];
         let edges = edges.iter().filter(|&&e| e).count() as u64 * ss;
         self.reserve_dirty_space(w, added + edges)?;
+        // Until the zeroing below is done, a failure gives the space back:
+        // the change is refused whole if the zeroing changed nothing.
         let pieces = if added > 0 {
-            self.reserve_data(w, added)?
+            self.take_data_space(w, added)?
         } else {
             Vec::new()
         };
@@ -367,6 +387,9 @@ impl Filesystem {
                 w.blocks.alloc.release(s, l)?;
             }
             return Err(e);
+        }
+        if added > 0 {
+            crate::transaction::abort::note_edit();
         }
         let mut removed = 0;
         if added > 0 {

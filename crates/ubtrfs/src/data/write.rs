@@ -1143,6 +1143,16 @@ impl Filesystem {
     /// Allocate `len` bytes of data space in extents of at most
     /// [`MAX_EXTENT`] bytes, or nothing (ENOSPC) if it is not all there.
     pub(crate) fn reserve_data(&self, w: &mut Writer, len: u64) -> Result<Vec<(u64, u64)>> {
+        let pieces = self.take_data_space(w, len)?;
+        // The space is held: a failure before its extents are in leaves it
+        // held (all of it is given back below, when it is not all there).
+        crate::transaction::abort::note_edit();
+        Ok(pieces)
+    }
+
+    /// [`Self::reserve_data`] for a caller that gives the space back
+    /// itself if it fails before the space is used.
+    pub(crate) fn take_data_space(&self, w: &mut Writer, len: u64) -> Result<Vec<(u64, u64)>> {
         let mut pieces = Vec::new();
         let mut got = 0;
         while got < len {
@@ -1159,9 +1169,6 @@ impl Filesystem {
                 }
             }
         }
-        // The space is held: a failure before its extents are in leaves it
-        // held (all of it is given back above, when it is not all there).
-        crate::transaction::abort::note_edit();
         Ok(pieces)
     }
 

@@ -63,9 +63,11 @@ pub(crate) fn op_whole() {
 /// whole again once `f` succeeds, even inside a larger operation. If `f`
 /// fails after changing something, its error is marked
 /// [`Error::AfterChange`], so no caller takes it for a plain refusal
-/// (say, an ENOSPC it would go on after).
+/// (say, an ENOSPC it would go on after). One that fails before it
+/// changed anything is a plain refusal, whatever came before it.
 pub(crate) fn unit<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
     let was_whole = is_whole();
+    let before = EDITS.with(|e| e.get());
     match f() {
         Ok(v) => {
             if was_whole {
@@ -73,7 +75,7 @@ pub(crate) fn unit<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
             }
             Ok(v)
         }
-        Err(e) if !is_whole() => Err(e.after_change()),
+        Err(e) if EDITS.with(|e| e.get()) != before => Err(e.after_change()),
         Err(e) => Err(e),
     }
 }

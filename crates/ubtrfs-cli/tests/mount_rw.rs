@@ -1499,6 +1499,48 @@ fn avail_bytes(dir: &Path) -> u64 {
     st.f_bavail * st.f_frsize
 }
 
+/// A seed device is mounted read-only, with a warning, as the kernel
+/// mounts it: a filesystem sprouted from it holds its blocks, and a
+/// write to it would break that filesystem. Writes get EROFS and the
+/// image is left as it was.
+#[test]
+fn a_seed_device_is_mounted_read_only() {
+    require_privileged!();
+    let t = TestDir::new("mount-rw-seed").unwrap();
+    let img = new_image(&t);
+    let out = Command::new("btrfstune")
+        .args(["-S", "1"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let before = std::fs::read(&img).unwrap();
+    let mnt = t.join("mnt");
+    let m = start_mount(&img, &mnt, &[]);
+    let err = File::create(mnt.join("new")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+    let printed = m.unmount_verbose().unwrap();
+    assert!(
+        printed.contains("seed device: mounted read-only"),
+        "{printed}"
+    );
+    assert!(std::fs::read(&img).unwrap() == before, "the seed changed");
+}
+
+/// Fill `dir` with file `fill` (written in pieces of `piece`, synced)
+/// until `left` bytes are available.
+fn fill_to_within(dir: &Path, left: u64, piece: &[u8]) {
+    let avail = avail_bytes(dir);
+    let mut f = File::create(dir.join("fill")).unwrap();
+    let mut todo = avail - left;
+    while todo > 0 {
+        let n = todo.min(piece.len() as u64) as usize;
+        f.write_all(&piece[..n]).unwrap();
+        todo -= n as u64;
+    }
+    f.sync_all().unwrap();
+}
+
 /// Near full, a write that does not fit is refused by write(2) itself, as
 /// on kernel btrfs, not later by close(2) or fsync: a file opened
 /// write-only while free data space is below what the kernel may hold
@@ -1515,16 +1557,7 @@ fn writes_that_do_not_fit_are_refused_by_write() {
     // Fill `dir` to within 3 MiB of full, durably; then write a new file in
     // 1 MiB writes until one is refused. Returns how many bytes it took.
     let fill_up = |dir: &Path| -> u64 {
-        let avail = avail_bytes(dir);
-        let mut f = File::create(dir.join("fill")).unwrap();
-        let mut left = avail - (3 << 20);
-        while left > 0 {
-            let n = left.min(fill.len() as u64) as usize;
-            f.write_all(&fill[..n]).unwrap();
-            left -= n as u64;
-        }
-        f.sync_all().unwrap();
-        drop(f);
+        fill_to_within(dir, 3 << 20, &fill);
         let mut f = File::create(dir.join("last")).unwrap();
         let made = f.metadata().unwrap().modified().unwrap();
         std::thread::sleep(Duration::from_millis(1100));
@@ -1612,16 +1645,7 @@ fn writes_into_preallocated_space_fit_a_full_filesystem() {
         pre.sync_all().unwrap();
         drop(pre);
         // Full: within 3 MiB, then a file written until it is refused.
-        let avail = avail_bytes(dir);
-        let mut f = File::create(dir.join("fill")).unwrap();
-        let mut left = avail - (3 << 20);
-        while left > 0 {
-            let n = left.min(fill.len() as u64) as usize;
-            f.write_all(&fill[..n]).unwrap();
-            left -= n as u64;
-        }
-        f.sync_all().unwrap();
-        drop(f);
+        fill_to_within(dir, 3 << 20, &fill);
         let mut f = File::create(dir.join("last")).unwrap();
         let mut taken = 0;
         let err = loop {

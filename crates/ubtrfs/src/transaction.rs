@@ -488,6 +488,21 @@ impl Writer {
         }
     }
 
+    /// From now on the filesystem keeps a free-space tree: the next
+    /// commit writes every changed group's entries, and the superblocks
+    /// it writes say so (and that the v1 cache is gone: its generation 0).
+    pub(crate) fn start_free_space_tree(&mut self) {
+        self.has_fst = true;
+        self.dirty_roots.insert(FREE_SPACE_TREE_OBJECTID);
+        let bits = COMPAT_RO_FREE_SPACE_TREE | COMPAT_RO_FREE_SPACE_TREE_VALID;
+        for raw in self.dev_supers.values_mut() {
+            let sb = &mut raw[..];
+            let flags = u64::from_le_bytes(sb[0xb4..0xbc].try_into().unwrap_or_default());
+            sb[0xb4..0xbc].copy_from_slice(&(flags | bits).to_le_bytes());
+            sb[0x22b..0x233].copy_from_slice(&0u64.to_le_bytes());
+        }
+    }
+
     /// The chunk tree UUID stamped in tree blocks.
     pub fn chunk_tree_uuid(&self) -> [u8; 16] {
         self.chunk_tree_uuid
@@ -568,20 +583,23 @@ impl Filesystem {
         let mut sizes = BTreeMap::new();
         for (devid, dev) in set.iter() {
             let (sb, _) = scan_device(dev.as_ref())?;
+            if sb.is_seed() {
+                return Err(Error::ReadOnly(format!(
+                    "{} is a seed device: it is only read, as the kernel only reads it (filesystems sprouted from it hold its blocks)",
+                    dev.path().display()
+                )));
+            }
             dev_supers.insert(devid, sb.raw.clone());
             sizes.insert(devid, (dev.path().to_path_buf(), dev.size()));
         }
         let mut fs = Filesystem::open_unreplayed(set)?;
         let sb = fs.superblock().clone();
+        // Without one (the v1 cache, or none), the free-space tree is
+        // made at open, as the kernel's space_cache=v2 mount makes it.
         let has_fst = sb.compat_ro_flags & COMPAT_RO_FREE_SPACE_TREE != 0;
-        if !has_fst {
-            return Err(Error::Unsupported(
-                "writing a filesystem without the free-space tree (space_cache=v2)".into(),
-            ));
-        }
         // A tree the kernel was building when it stopped: it rebuilds it
         // at its next mount; ubtrfs would allocate from it as it is.
-        if sb.compat_ro_flags & COMPAT_RO_FREE_SPACE_TREE_VALID == 0 {
+        if has_fst && sb.compat_ro_flags & COMPAT_RO_FREE_SPACE_TREE_VALID == 0 {
             return Err(Error::Unsupported(
                 "writing a filesystem whose free-space tree is marked not valid (a mount by the kernel rebuilds it)".into(),
             ));
@@ -623,11 +641,19 @@ impl Filesystem {
         let mut groups = block_group::load_groups(&fs.tree_by_id(sb.block_group_tree())?)?;
         groups.sort_by_key(|g| g.start);
         let mut alloc = Allocator::new(groups);
-        free_space_tree::load(
-            &mut alloc.groups,
-            &fs.tree_by_id(FREE_SPACE_TREE_OBJECTID)?,
-            sb.sectorsize as u64,
-        )?;
+        if has_fst {
+            free_space_tree::load(
+                &mut alloc.groups,
+                &fs.tree_by_id(FREE_SPACE_TREE_OBJECTID)?,
+                sb.sectorsize as u64,
+            )?;
+        } else {
+            crate::alloc::free_from_extent_tree(
+                &mut alloc.groups,
+                &fs.tree_by_id(EXTENT_TREE_OBJECTID)?,
+                sb.nodesize as u64,
+            )?;
+        }
         let mut chunks = Vec::new();
         for item in fs
             .chunk_tree()
@@ -700,6 +726,12 @@ impl Filesystem {
             removed_names: Vec::new(),
             new_chunks: Vec::new(),
         }));
+        if !has_fst {
+            // In the running transaction: the first commit writes it (a
+            // log still to replay keeps its superblock until then).
+            let mut w = fs.lock_writer()?;
+            fs.start_free_space_tree(&mut w)?;
+        }
         Ok(fs)
     }
 

@@ -918,6 +918,25 @@ fn unknown_read_only_feature_is_read_not_written() {
     check_all(&open(&[&img]), &ex);
 }
 
+/// A seed device (`btrfstune -S 1`) is read, never written: filesystems
+/// sprouted from it hold its blocks, and the kernel only mounts it
+/// read-only. Opening it for writing is refused by name, and the image
+/// stays as it was.
+#[test]
+fn a_seed_device_is_read_not_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let (img, ex) = single_image(dir.path(), "single", "single", 128 * MIB);
+    run(Command::new("btrfstune").args(["-S", "1"]).arg(&img));
+    let before = std::fs::read(&img).unwrap();
+    let e = Filesystem::open_read_write(&[&img])
+        .err()
+        .expect("a seed opened for writing");
+    assert!(matches!(e, Error::ReadOnly(_)), "{e}");
+    assert!(e.to_string().contains("seed device"), "{e}");
+    check_all(&open(&[&img]), &ex);
+    assert!(std::fs::read(&img).unwrap() == before, "the seed changed");
+}
+
 #[test]
 fn symlink_longer_than_a_sector_is_corrupt() {
     let dir = tempfile::tempdir().unwrap();

@@ -527,9 +527,10 @@ fn fallocate_on_a_full_filesystem_fits_or_changes_nothing() {
 /// A filesystem full to the last sector still takes what writes no data:
 /// a hole punched in whole sectors, a file cut shorter (anywhere, the
 /// rest of its last sector stays on disk as it is), and growing a file
-/// whose size is on a sector boundary, as kernel btrfs takes them. A
-/// hole with a partial sector at an end, which must be written, is
-/// refused whole.
+/// whose size is on a sector boundary, as kernel btrfs takes them, and
+/// holes or zeroed ranges whose partial sectors are preallocated or
+/// sparse. A hole with a partial sector of data at an end, which must be
+/// written, is refused whole.
 #[test]
 fn a_full_filesystem_takes_holes_and_truncates_that_write_nothing() {
     use ubtrfs::data::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE};
@@ -540,6 +541,11 @@ fn a_full_filesystem_takes_holes_and_truncates_that_write_nothing() {
     let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8 + 1).collect();
     let t = fs.create(fs.root(), b"t", file(0o644)).unwrap().id;
     fs.write(t, 0, &data).unwrap();
+    // Preallocated and sparse: partial sectors there read as zeros already.
+    let pre = fs.create(fs.root(), b"pre", file(0o644)).unwrap().id;
+    fs.fallocate(pre, 0, 0, 64 << 10).unwrap();
+    let sparse = fs.create(fs.root(), b"sparse", file(0o644)).unwrap().id;
+    fs.truncate(sparse, 64 << 10).unwrap();
     fs.commit().unwrap();
     let fill = fs.create(fs.root(), b"fill", file(0o644)).unwrap().id;
     let mut at = 0u64;
@@ -565,6 +571,11 @@ fn a_full_filesystem_takes_holes_and_truncates_that_write_nothing() {
     ));
     fs.fallocate(t, punch, 64 << 10, 128 << 10).unwrap();
     want[64 << 10..192 << 10].fill(0);
+    for f in [pre, sparse] {
+        fs.fallocate(f, punch, 5000, 10_000).unwrap();
+    }
+    fs.fallocate(pre, ubtrfs::data::FALLOC_FL_ZERO_RANGE, 20_000, 10_000)
+        .unwrap();
     fs.truncate(t, 512 << 10).unwrap();
     fs.truncate(t, 300_001).unwrap();
     want.truncate(300_001);
@@ -578,8 +589,56 @@ fn a_full_filesystem_takes_holes_and_truncates_that_write_nothing() {
     want.resize(400 << 10, 0);
     fs.commit().unwrap();
     assert_eq!(fs.read_all(t).unwrap(), want);
+    for f in [pre, sparse] {
+        assert_eq!(fs.read_all(f).unwrap(), vec![0u8; 64 << 10]);
+    }
     drop(fs);
     check(&imgs);
+}
+
+/// A clone past the end of a file whose last sector is partial (or
+/// inline), on a full filesystem: growing the file to the range first
+/// needs a sector of data space, and reserving it commits first. Refused
+/// then, the clone is a plain ENOSPC: the filesystem goes on, and what
+/// the commit wrote and what came after stay. (It stopped the filesystem
+/// once: a refusal after a commit was taken for a failure half-way.)
+#[test]
+fn a_clone_past_the_end_refused_on_a_full_filesystem_changes_nothing() {
+    for (mkfs_args, dst_len) in [(&["--mixed"][..], 5000), (&[][..], 5000), (&[][..], 100)] {
+        let what = format!("mkfs {mkfs_args:?}, destination of {dst_len} bytes");
+        let dir = tempfile::tempdir().unwrap();
+        let imgs = mkfs(dir.path(), mkfs_args, 1, 128 << 20);
+        let fs = Filesystem::open_read_write(&imgs).unwrap();
+        let src = fs.create(fs.root(), b"src", file(0o644)).unwrap().id;
+        fs.write(src, 0, &vec![3u8; 1 << 20]).unwrap();
+        let dst = fs.create(fs.root(), b"dst", file(0o644)).unwrap().id;
+        fs.write(dst, 0, &vec![4u8; dst_len]).unwrap();
+        fs.commit().unwrap();
+        let fill = fs.create(fs.root(), b"fill", file(0o644)).unwrap().id;
+        let mut at = 0u64;
+        for piece in [1u64 << 20, 4096] {
+            while fs.write(fill, at, &vec![5u8; piece as usize]).is_ok() {
+                at += piece;
+            }
+        }
+        fs.commit().unwrap();
+        // Something for the clone's reserving to commit.
+        fs.mkdir(fs.root(), b"newdir", 0o755, 0, 0).unwrap();
+        match fs.clone_range(src, 0, dst, 64 << 10, 1 << 20) {
+            Ok(()) | Err(ubtrfs::Error::NoSpace(_)) => {}
+            Err(e) => panic!("{what}: {e:?}"),
+        }
+        assert_eq!(fs.aborted(), None, "{what}");
+        fs.mkdir(fs.root(), b"after", 0o755, 0, 0).unwrap();
+        fs.commit().unwrap();
+        drop(fs);
+        check(&imgs);
+        let fs = Filesystem::open(&imgs).unwrap();
+        assert!(fs.resolve_path(b"/newdir").is_ok(), "{what}");
+        assert!(fs.resolve_path(b"/after").is_ok(), "{what}");
+        let got = fs.read_all(dst).unwrap();
+        assert!(got[..dst_len] == vec![4u8; dst_len][..], "{what}");
+    }
 }
 
 /// Metadata filled to the end with small (inline) files, then every tenth

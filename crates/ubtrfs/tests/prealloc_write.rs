@@ -277,6 +277,40 @@ fn a_full_filesystem_takes_writes_into_space_preallocated_before() {
     assert!(read(b"/nocow", 4 * M) == nocow_data);
 }
 
+/// A stream into space preallocated before the filesystem filled, cut
+/// into requests that start and end inside sectors (as FUSE cuts a write
+/// from a buffer that is not page-aligned), longer than what is held
+/// dirty: the background writeback in between must not write a sector
+/// in place before its second part came, or that part would need space
+/// the filesystem does not have.
+#[test]
+fn a_full_filesystem_takes_a_stream_cut_inside_sectors_into_preallocated_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path(), 300 << 20);
+    let fs = Filesystem::open_read_write(&[&img]).unwrap();
+    let pre = fs.create(fs.root(), b"pre", file()).unwrap().id;
+    let len = 48 * M;
+    fs.fallocate(pre, 0, 0, len).unwrap();
+    fs.commit().unwrap();
+    let fill = fs.create(fs.root(), b"fill", file()).unwrap().id;
+    fill_up(&fs, fill);
+    let want = bytes(len, 11);
+    let mut at = 0;
+    while at < len {
+        let to = ((at + 16) / M * M + M - 16).min(len);
+        let n = fs
+            .write(pre, at, &want[at as usize..to as usize])
+            .unwrap_or_else(|e| panic!("write at {at}: {e:?}"));
+        assert_eq!(n as u64, to - at);
+        at = to;
+    }
+    assert_eq!(fs.aborted(), None);
+    fs.commit().unwrap();
+    assert!(fs.read(pre, 0, len as usize).unwrap() == want);
+    drop(fs);
+    check(&img);
+}
+
 #[test]
 fn shared_preallocated_extents_are_copied_on_write() {
     let dir = tempfile::tempdir().unwrap();

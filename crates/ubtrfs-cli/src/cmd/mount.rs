@@ -347,6 +347,14 @@ fn mount_config(args: &Args, devices: &[PathBuf]) -> Result<(Config, Settings)> 
         opts.push(o);
     }
     read_only |= args.ro;
+    if !read_only && let Some(seed) = seed_device(devices) {
+        // As the kernel does: a seed is only ever read.
+        eprintln!(
+            "ubtrfs: warning: {} is a seed device: mounted read-only",
+            seed.display()
+        );
+        read_only = true;
+    }
     if nologreplay && !read_only {
         bail!(
             "mount option nologreplay needs a read-only mount (-o ro): a log not replayed would be lost"
@@ -468,6 +476,15 @@ fn mount_root(fs: &Filesystem, choice: Option<&SubvolChoice>) -> Result<InodeId>
         (Some(a), _) | (None, Some(a)) => Ok(a),
         (None, None) => Ok(fs.root()),
     }
+}
+
+/// The first of `devices` whose superblock says it is a seed device.
+fn seed_device(devices: &[PathBuf]) -> Option<&PathBuf> {
+    devices.iter().find(|path| {
+        ubtrfs::device::FileDevice::open_read_only(path)
+            .and_then(|dev| ubtrfs::volume::scan_device(&dev))
+            .is_ok_and(|(sb, _)| sb.is_seed())
+    })
 }
 
 /// The value of `commit=`: whole seconds; 0 means the default, as in the

@@ -14,11 +14,13 @@ pub mod delayed_ref;
 pub mod extent_tree;
 pub mod free_space_tree;
 mod range_set;
+mod space_cache;
 pub mod trim;
 
 pub use block_group::BlockGroup;
 pub use delayed_ref::DelayedRefs;
 pub use range_set::RangeSet;
+pub(crate) use space_cache::free_from_extent_tree;
 
 use crate::format::consts::*;
 use crate::{Error, Result};

@@ -25,6 +25,10 @@ pub struct Delalloc {
     /// index; they leave with their data.
     unreserved: BTreeMap<InodeId, BTreeSet<u64>>,
     unreserved_count: u64,
+    /// Per inode: the sectors its last write covered in part, kept back
+    /// from background writeback while they go in place
+    /// ([`Delalloc::take_runs_holding_edges`]).
+    open_edges: BTreeMap<InodeId, [Option<u64>; 2]>,
     /// Sector size, learnt from the first sector stored.
     sectorsize: u64,
     /// Buffers of long runs already written, kept for new long runs: fresh
@@ -80,6 +84,84 @@ impl Delalloc {
                 self.unreserved_count += 1;
             }
         }
+    }
+
+    /// Whether dirty sector `index` of `id` is marked
+    /// [`Delalloc::mark_unreserved`].
+    pub fn is_unreserved(&self, id: InodeId, index: u64) -> bool {
+        self.unreserved
+            .get(&id)
+            .is_some_and(|set| set.contains(&index))
+    }
+
+    /// Note the sectors the last write to `id` covered in part (its
+    /// first and last, when it starts or ends inside them).
+    pub fn set_open_edges(&mut self, id: InodeId, edges: [Option<u64>; 2]) {
+        if edges == [None, None] {
+            self.open_edges.remove(&id);
+        } else {
+            self.open_edges.insert(id, edges);
+        }
+    }
+
+    /// [`Delalloc::take_runs`], but for the sectors the last write to
+    /// `id` covered in part, where they go in place: those stay dirty,
+    /// with their marks. The rest of such a sector often comes with the
+    /// very next request (the kernel cuts a FUSE write from a buffer that
+    /// is not page-aligned at the buffer's page boundaries); written in
+    /// place before it, the sector would be a regular extent, and the
+    /// rest would need new space, which a full filesystem does not have.
+    pub fn take_runs_holding_edges(
+        &mut self,
+        id: InodeId,
+        sectorsize: u64,
+        max: u64,
+    ) -> Vec<DirtyRun> {
+        let held: Vec<(u64, Vec<u8>)> = self
+            .open_edges
+            .get(&id)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .copied()
+            .collect::<BTreeSet<u64>>()
+            .into_iter()
+            .filter(|&k| self.is_unreserved(id, k))
+            .filter_map(|k| self.sector(id, k).map(|b| (k, b.to_vec())))
+            .collect();
+        let edges = self.open_edges.get(&id).copied();
+        let mut runs = self.take_runs(id, sectorsize, max);
+        if let Some(edges) = edges {
+            self.open_edges.insert(id, edges);
+        }
+        for (k, data) in held {
+            let at = k * sectorsize;
+            let Some(i) = runs
+                .iter()
+                .position(|r| r.offset <= at && at < r.offset + r.data.len() as u64)
+            else {
+                continue;
+            };
+            let mut run = runs.remove(i);
+            let rel = (at - run.offset) as usize;
+            let tail = run.data.split_off(rel + sectorsize as usize);
+            run.data.truncate(rel);
+            if !tail.is_empty() {
+                runs.insert(
+                    i,
+                    DirtyRun {
+                        offset: at + sectorsize,
+                        data: tail,
+                    },
+                );
+            }
+            if !run.data.is_empty() {
+                runs.insert(i, run);
+            }
+            self.put(id, k, data.into_boxed_slice());
+            self.mark_unreserved(id, &[k]);
+        }
+        runs
     }
 
     /// Forget the marks of `id`'s sectors in `range` (they left).
@@ -326,6 +408,7 @@ impl Delalloc {
     /// Like [`Delalloc::runs`], taking the data out of the inode's dirty
     /// set (nothing is copied unless runs must be joined or cut).
     pub fn take_runs(&mut self, id: InodeId, sectorsize: u64, max: u64) -> Vec<DirtyRun> {
+        self.open_edges.remove(&id);
         let Some(f) = self.files.remove(&id) else {
             return Vec::new();
         };
@@ -503,6 +586,7 @@ impl Delalloc {
 
     /// Forget all dirty data of `id`.
     pub fn discard(&mut self, id: InodeId) {
+        self.open_edges.remove(&id);
         self.discard_from(id, 0);
     }
 }
@@ -592,6 +676,31 @@ mod tests {
         // Put back after a failed writeback, they count as reserved.
         d.put_sectors(id, 0, &[1u8; 8], ss);
         assert_eq!(d.reserved_bytes(), 8);
+    }
+
+    #[test]
+    fn sectors_a_write_covered_in_part_are_held_back_while_in_place() {
+        let id = InodeId {
+            subvol: 5,
+            ino: 257,
+        };
+        let ss = 4;
+        let mut d = Delalloc::default();
+        d.put_sectors(id, 0, &[1u8; 40], ss);
+        d.mark_unreserved(id, &[0, 4, 9]);
+        // Sector 2 is not marked (it took space): it goes.
+        d.set_open_edges(id, [Some(4), Some(9)]);
+        let runs = d.take_runs_holding_edges(id, ss, 1 << 20);
+        let got: Vec<(u64, usize)> = runs.iter().map(|r| (r.offset, r.data.len())).collect();
+        assert_eq!(got, vec![(0, 16), (20, 16)]);
+        assert_eq!((d.bytes(), d.reserved_bytes()), (8, 0));
+        assert_eq!(d.sector(id, 4), Some(&[1u8; 4][..]));
+        // Still held by the next background pass, gone with a full one.
+        assert!(d.take_runs_holding_edges(id, ss, 1 << 20).is_empty());
+        assert_eq!(d.take_runs(id, ss, 1 << 20).len(), 2);
+        assert_eq!((d.bytes(), d.reserved_bytes()), (0, 0));
+        d.put_sectors(id, 0, &[1u8; 8], ss);
+        assert_eq!(d.take_runs_holding_edges(id, ss, 1 << 20).len(), 1);
     }
 
     #[test]

@@ -57,6 +57,16 @@ struct Span {
     inline_len: u64,
 }
 
+/// Whether written data backs the sector holding `at`: zeroing part of
+/// it rewrites it, a sector of new data (a hole or preallocated space
+/// reads as zeros already).
+fn data_at(spans: &[Span], at: u64, sectorsize: u64) -> bool {
+    let s = at / sectorsize * sectorsize;
+    spans
+        .iter()
+        .any(|sp| sp.start <= s && s < sp.end && matches!(sp.kind, Kind::Data | Kind::Inline))
+}
+
 /// The parts of `[from, to)` that none of `spans` (in file order) covers,
 /// each span counted up to the end of its last sector.
 fn gaps<'a>(
@@ -244,8 +254,11 @@ impl Filesystem {
         let partial = match (offset.div_ceil(ss) * ss, end / ss * ss) {
             _ if offset >= end => 0,
             _ if inline => 1,
-            (lo, hi) if lo > hi => 1,
-            (lo, hi) => u64::from(offset < lo) + u64::from(hi < end),
+            (lo, hi) if lo > hi => u64::from(data_at(&spans, offset, ss)),
+            (lo, hi) => {
+                u64::from(offset < lo && data_at(&spans, offset, ss))
+                    + u64::from(hi < end && data_at(&spans, hi, ss))
+            }
         };
         if partial > 0 {
             self.reserve_dirty_space(w, partial * ss)?;
@@ -298,7 +311,8 @@ impl Filesystem {
         let no_holes = self.superblock().no_holes();
         let old = self.inode_item(id)?.size;
         let new_size = if keep { old } else { old.max(end) };
-        let inline = self.spans(id)?.iter().any(|s| s.kind == Kind::Inline);
+        let spans = self.spans(id)?;
+        let inline = spans.iter().any(|s| s.kind == Kind::Inline);
         // Zeroing a range rewrites the first sector of an inline file whole.
         let from = if zero && inline {
             offset.max(ss)
@@ -313,7 +327,6 @@ impl Filesystem {
         // The parts of [a0, a1) to preallocate: the holes, or, zeroing,
         // everything not preallocated yet.
         let segs = if a0 < a1 {
-            let spans = self.spans(id)?;
             let keeps = |s: &&Span| {
                 if zero {
                     s.kind == Kind::Prealloc
@@ -335,8 +348,8 @@ impl Filesystem {
         // range holds it whole.
         let edges = [
             zero && inline,
-            zero && !offset.is_multiple_of(ss),
-            zero && !end.is_multiple_of(ss),
+            zero && !offset.is_multiple_of(ss) && data_at(&spans, offset, ss),
+            zero && !end.is_multiple_of(ss) && data_at(&spans, end, ss),
             end > old && !old.is_multiple_of(ss) && !(zero && a0 <= last && last + ss <= a1),
         ];
         let edges = edges.iter().filter(|&&e| e).count() as u64 * ss;

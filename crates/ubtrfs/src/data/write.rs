@@ -188,8 +188,18 @@ impl Filesystem {
             } else {
                 self.put_large(id, offset, data, &inode, uninline, ss)?;
             }
-            if !own.is_empty() {
-                self.delalloc().mark_unreserved(id, &own);
+            {
+                let mut d = self.delalloc();
+                if !own.is_empty() {
+                    d.mark_unreserved(id, &own);
+                }
+                // Its partial sectors going in place wait for the rest
+                // (see `Delalloc::take_runs_holding_edges`).
+                let open = |at: u64, idx: u64| {
+                    (!at.is_multiple_of(ss) && d.is_unreserved(id, idx)).then_some(idx)
+                };
+                let edges = [open(offset, first), open(end, last)];
+                d.set_open_edges(id, edges);
             }
             // The data is in: from here on a failure leaves it past the
             // size the inode says.
@@ -352,7 +362,7 @@ impl Filesystem {
             let mut runs = {
                 let mut d = self.delalloc();
                 let max = d.max_run();
-                d.take_runs(id, ss, max)
+                d.take_runs_holding_edges(id, ss, max)
             };
             crate::transaction::abort::unit(|| self.writeback_taken(w, id, &mut runs, true))?;
         }

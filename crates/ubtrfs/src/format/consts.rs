@@ -139,6 +139,10 @@ pub const INCOMPAT_SUPPORTED: u64 = INCOMPAT_MIXED_BACKREF
     | INCOMPAT_RAID1C34
     | INCOMPAT_SIMPLE_QUOTA;
 
+/// Superblock flag of a seed device (`btrfstune -S 1`): the kernel only
+/// reads it, since filesystems sprouted from it hold its blocks.
+pub const SUPER_FLAG_SEEDING: u64 = 1 << 32;
+
 // Compat-ro feature flags.
 pub const COMPAT_RO_FREE_SPACE_TREE: u64 = 1 << 0;
 pub const COMPAT_RO_FREE_SPACE_TREE_VALID: u64 = 1 << 1;

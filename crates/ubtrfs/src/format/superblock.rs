@@ -237,6 +237,11 @@ impl Superblock {
         }
     }
 
+    /// Whether this is a seed device ([`SUPER_FLAG_SEEDING`]).
+    pub fn is_seed(&self) -> bool {
+        self.flags & SUPER_FLAG_SEEDING != 0
+    }
+
     /// Whether the filesystem has the no-holes feature.
     pub fn no_holes(&self) -> bool {
         self.incompat_flags & INCOMPAT_NO_HOLES != 0

@@ -12,7 +12,7 @@ mod namespace;
 mod open;
 mod props;
 pub mod resize;
-mod snapshot;
+pub(crate) mod snapshot;
 mod space_info;
 mod subvol;
 mod subvol_delete;

@@ -64,7 +64,8 @@ pub(crate) fn op_whole() {
 /// fails after changing something, its error is marked
 /// [`Error::AfterChange`], so no caller takes it for a plain refusal
 /// (say, an ENOSPC it would go on after). One that fails before it
-/// changed anything is a plain refusal, whatever came before it.
+/// changed anything, or after a commit wrote all it changed, is a plain
+/// refusal, whatever came before it.
 pub(crate) fn unit<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
     let was_whole = is_whole();
     let before = EDITS.with(|e| e.get());
@@ -75,7 +76,9 @@ pub(crate) fn unit<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
             }
             Ok(v)
         }
-        Err(e) if EDITS.with(|e| e.get()) != before => Err(e.after_change()),
+        // Changed by `f` and not committed since (a commit inside `f`
+        // leaves the state whole).
+        Err(e) if !is_whole() && EDITS.with(|e| e.get()) != before => Err(e.after_change()),
         Err(e) => Err(e),
     }
 }

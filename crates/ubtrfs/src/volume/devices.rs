@@ -91,25 +91,39 @@ impl DeviceSet {
         Self::from_devices(devs)
     }
 
-    /// Group already-open devices by devid, checking fsids agree.
+    /// Group already-open devices by devid, checking fsids agree. Seed
+    /// devices (their superblock says so) of another filesystem id may
+    /// come with the devices of a filesystem sprouted from them: the
+    /// sprout's chunk tree names them, and its superblock is the one used.
     pub fn from_devices(devs: Vec<Arc<dyn Device>>) -> Result<Self> {
         if devs.is_empty() {
             return Err(Error::Devices("no device given".into()));
         }
+        let mut scanned = Vec::new();
+        for dev in devs {
+            let (sb, w) = scan_device(dev.as_ref())?;
+            scanned.push((dev, sb, w));
+        }
+        // The filesystem is the one of the devices that are not seeds,
+        // if any are not; seeds of other ids are its seeds.
+        let main_fsid = scanned
+            .iter()
+            .find(|(_, sb, _)| !sb.is_seed())
+            .or(scanned.first())
+            .map(|(_, sb, _)| sb.fsid)
+            .unwrap_or_default();
         let mut devices = BTreeMap::new();
         let mut warnings = Vec::new();
         let mut newest: Option<Superblock> = None;
-        for dev in devs {
-            let (sb, w) = scan_device(dev.as_ref())?;
+        for (dev, sb, w) in scanned {
             warnings.extend(w);
-            if let Some(first) = &newest
-                && first.fsid != sb.fsid
-            {
+            let seed_of_sprout = sb.is_seed() && sb.fsid != main_fsid;
+            if sb.fsid != main_fsid && !seed_of_sprout {
                 return Err(Error::Devices(format!(
                     "{} belongs to filesystem {}, not {}",
                     dev.path().display(),
                     uuid_string(&sb.fsid),
-                    uuid_string(&first.fsid)
+                    uuid_string(&main_fsid)
                 )));
             }
             let devid = sb.dev_item.devid;
@@ -121,7 +135,7 @@ impl DeviceSet {
                     dev.path().display()
                 )));
             }
-            if newest.as_ref().is_none_or(|n| sb.generation > n.generation) {
+            if !seed_of_sprout && newest.as_ref().is_none_or(|n| sb.generation > n.generation) {
                 newest = Some(sb);
             }
             devices.insert(devid, dev);

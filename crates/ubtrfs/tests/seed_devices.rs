@@ -1,0 +1,77 @@
+//! Seed devices (`btrfstune -S 1`) and the filesystems the kernel sprouts
+//! from them (`btrfs device add` on a mounted seed): the sprout's devices
+//! carry its own filesystem id, the seed's keep theirs, and the sprout's
+//! chunk tree names both. ubtrfs reads a sprout given all its devices,
+//! and writes neither: a seed is only read, as the kernel only reads it.
+
+use std::process::Command;
+
+use testkit::{Loop, Mount, TestDir};
+use ubtrfs::fs::Filesystem;
+
+#[test]
+fn a_filesystem_sprouted_from_a_seed_is_read_and_the_seed_not_written() {
+    testkit::require_privileged!();
+    let t = TestDir::new("seed-sprout").unwrap();
+    let (seed, sprout) = (t.join("seed.img"), t.join("sprout.img"));
+    for img in [&seed, &sprout] {
+        std::fs::File::create(img)
+            .unwrap()
+            .set_len(600 << 20)
+            .unwrap();
+    }
+    testkit::run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&seed)).unwrap();
+    let mnt = t.join("mnt");
+    {
+        let m = Mount::new(&[&seed], &mnt, "").unwrap();
+        std::fs::write(m.path().join("f"), b"seeded").unwrap();
+        m.unmount().unwrap();
+    }
+    testkit::run(Command::new("btrfstune").args(["-S", "1"]).arg(&seed)).unwrap();
+    {
+        // The kernel mounts a seed read-only; a device added makes it a
+        // new, writable filesystem.
+        let m = Mount::new(&[&seed], &mnt, "").unwrap();
+        let added = Loop::attach(&sprout).unwrap();
+        testkit::run(
+            Command::new("btrfs")
+                .args(["device", "add", "-f"])
+                .arg(added.device())
+                .arg(m.path()),
+        )
+        .unwrap();
+        testkit::run(
+            Command::new("mount")
+                .args(["-o", "remount,rw"])
+                .arg(m.path()),
+        )
+        .unwrap();
+        std::fs::write(m.path().join("g"), b"sprouted").unwrap();
+        m.unmount().unwrap();
+        let _ = Command::new("btrfs")
+            .args(["device", "scan", "--forget"])
+            .arg(added.device())
+            .status();
+    }
+    let seed_before = std::fs::read(&seed).unwrap();
+    for order in [[&seed, &sprout], [&sprout, &seed]] {
+        let fs = Filesystem::open(&order).unwrap();
+        let read = |p: &[u8]| fs.read_all(fs.resolve_path(p).unwrap()).unwrap();
+        assert_eq!(read(b"/f"), b"seeded");
+        assert_eq!(read(b"/g"), b"sprouted");
+    }
+    // The seed alone is its own filesystem, as it was.
+    let fs = Filesystem::open(&[&seed]).unwrap();
+    assert!(fs.resolve_path(b"/g").is_err());
+    drop(fs);
+    for devices in [vec![&seed], vec![&seed, &sprout]] {
+        let e = Filesystem::open_read_write(&devices)
+            .err()
+            .expect("opened for writing");
+        assert!(e.to_string().contains("seed device"), "{e}");
+    }
+    assert!(
+        std::fs::read(&seed).unwrap() == seed_before,
+        "the seed changed"
+    );
+}

@@ -376,8 +376,13 @@ fn mounted_delete(path: &Path) -> Result<()> {
     send(&dir, &SubvolRequest::Destroy { name })
         .with_context(|| format!("cannot delete subvolume {}", path.display()))?;
     // As `btrfs subvolume delete --commit-after`: the deletion is durable.
-    super::umount::commit(&parent)
+    // Data refused earlier (a full disk) is another write's failure, told
+    // but not this command's.
+    let refused = super::umount::commit_and_report(&parent)
         .with_context(|| format!("committing the deletion of {}", path.display()))?;
+    if let Some(e) = refused {
+        eprintln!("ubtrfs: warning: {}: {e}", parent.display());
+    }
     println!("Delete subvolume '{}'", path.display());
     Ok(())
 }

@@ -133,22 +133,31 @@ pub(crate) fn server_info(mp: &Path) -> std::io::Result<Info> {
 /// kernel's `syncfs` only writes back to a FUSE mount (it sends the mount
 /// no FUSE_SYNCFS), then `BTRFS_IOC_SYNC` makes it commit.
 pub(crate) fn commit(mp: &Path) -> std::io::Result<()> {
+    match commit_and_report(mp)? {
+        Some(refused) => Err(refused),
+        None => Ok(()),
+    }
+}
+
+/// [`commit`], with a writeback error (data refused earlier, which the
+/// commit does not undo) handed back apart from the commit's own result.
+pub(crate) fn commit_and_report(mp: &Path) -> std::io::Result<Option<std::io::Error>> {
     let dir = std::fs::File::open(mp)?;
     // A writeback error (data refused earlier, say for want of space) is
     // reported after the commit, which still keeps everything else.
     // SAFETY: a plain syscall on a descriptor open for this scope.
     let written = if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
         let e = std::io::Error::last_os_error();
-        Err(std::io::Error::new(
+        Some(std::io::Error::new(
             e.kind(),
             format!("committed, but data written earlier was refused: {e}"),
         ))
     } else {
-        Ok(())
+        None
     };
     // SAFETY: an ioctl without an argument on a descriptor open for this scope.
     if unsafe { libc::ioctl(dir.as_raw_fd(), crate::fuse::BTRFS_IOC_SYNC as _) } == 0 {
-        return written;
+        return Ok(written);
     }
     let e = std::io::Error::last_os_error();
     if e.raw_os_error() != Some(libc::ENOTTY) {
@@ -160,7 +169,7 @@ pub(crate) fn commit(mp: &Path) -> std::io::Result<()> {
     // A mount process from before the ioctl: an fsync of the directory
     // reaches it at least.
     dir.sync_all()?;
-    written
+    Ok(written)
 }
 
 /// `umount(2)` as root, `fusermount3 -u` otherwise.

@@ -60,6 +60,11 @@ fn a_filesystem_sprouted_from_a_seed_is_read_and_the_seed_not_written() {
         assert_eq!(read(b"/f"), b"seeded");
         assert_eq!(read(b"/g"), b"sprouted");
     }
+    // The sprout without its seed: the seed is named as one.
+    let e = Filesystem::open(&[&sprout])
+        .err()
+        .expect("opened without its seed");
+    assert!(e.to_string().contains("a seed device of filesystem"), "{e}");
     // The seed alone is its own filesystem, as it was.
     let fs = Filesystem::open(&[&seed]).unwrap();
     assert!(fs.resolve_path(b"/g").is_err());

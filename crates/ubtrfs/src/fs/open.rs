@@ -678,7 +678,15 @@ fn check_devices(
                 .stripes
                 .iter()
                 .filter(|s| set.get(s.devid).is_none())
-                .map(|s| format!("{} (uuid {})", s.devid, uuid_string(&s.dev_uuid)))
+                .map(|s| {
+                    // A seed's device item keeps the seed's filesystem id.
+                    let seed = missing
+                        .iter()
+                        .find(|d| d.devid == s.devid && d.fsid != set.superblock.tree_fsid())
+                        .map(|d| format!(", a seed device of filesystem {}", uuid_string(&d.fsid)))
+                        .unwrap_or_default();
+                    format!("{} (uuid {}{seed})", s.devid, uuid_string(&s.dev_uuid))
+                })
                 .collect();
             return Err(Error::Devices(format!(
                 "device {} is missing and the {} chunk at logical {} has no complete copy without it; give every device of the filesystem",

@@ -594,8 +594,8 @@ impl Filesystem {
         }
         let mut fs = Filesystem::open_unreplayed(set)?;
         let sb = fs.superblock().clone();
-        // Without one (the v1 cache, or none), the free-space tree is
-        // made at open, as the kernel's space_cache=v2 mount makes it.
+        // Without one (the v1 cache, or none), the first commit makes the
+        // free-space tree, as the kernel's space_cache=v2 mount does.
         let has_fst = sb.compat_ro_flags & COMPAT_RO_FREE_SPACE_TREE != 0;
         // A tree the kernel was building when it stopped: it rebuilds it
         // at its next mount; ubtrfs would allocate from it as it is.
@@ -726,12 +726,6 @@ impl Filesystem {
             removed_names: Vec::new(),
             new_chunks: Vec::new(),
         }));
-        if !has_fst {
-            // In the running transaction: the first commit writes it (a
-            // log still to replay keeps its superblock until then).
-            let mut w = fs.lock_writer()?;
-            fs.start_free_space_tree(&mut w)?;
-        }
         Ok(fs)
     }
 
@@ -978,6 +972,13 @@ impl Filesystem {
         if !w.is_dirty() && unused.is_empty() {
             abort::whole();
             return Ok(());
+        }
+        // A filesystem opened without a free-space tree gets one with its
+        // first commit: after a log's replay, which sets the log's blocks
+        // aside (they are free in the extent tree), and before anything is
+        // written that a stale v1 cache would not know of.
+        if !w.has_fst {
+            self.start_free_space_tree(w)?;
         }
         // The log's blocks are free in what this commit writes (the
         // kernel's are too) and reusable once it is on disk.

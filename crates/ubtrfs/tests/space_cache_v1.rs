@@ -109,3 +109,60 @@ fn a_filesystem_with_the_v1_space_cache_is_written() {
     m.unmount().unwrap();
     check(&img);
 }
+
+/// A v1 image the kernel left with a log to replay (a file fsync'd, the
+/// image copied while mounted): the free-space tree is made by the first
+/// commit, after the replay has set the log's blocks aside (made at open,
+/// its blocks once landed on the log's and the replay failed).
+#[test]
+fn a_v1_image_with_a_log_is_replayed_then_moved() {
+    testkit::require_privileged!();
+    let t = TestDir::new("space-cache-v1-log").unwrap();
+    let (src, img) = (t.join("src.img"), t.join("v1.img"));
+    std::fs::File::create(&src)
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    testkit::run(
+        Command::new("mkfs.btrfs")
+            .args(["-q", "-f", "-R", "^free-space-tree"])
+            .arg(&src),
+    )
+    .unwrap();
+    let mnt = t.join("mnt");
+    {
+        let m = Mount::new(&[&src], &mnt, "space_cache=v1,commit=300").unwrap();
+        let mut f = std::fs::File::create(m.path().join("x")).unwrap();
+        std::io::Write::write_all(&mut f, b"hello\n").unwrap();
+        f.sync_all().unwrap();
+        drop(f);
+        testkit::run(
+            Command::new("cp")
+                .arg("--sparse=always")
+                .arg(&src)
+                .arg(&img),
+        )
+        .unwrap();
+        m.unmount().unwrap();
+    }
+    assert_ne!(super_field(&img, "log_root"), "0", "no log to replay");
+    let fs = Filesystem::open(&[&img]).unwrap();
+    assert_eq!(
+        fs.read_all(fs.resolve_path(b"/x").unwrap()).unwrap(),
+        b"hello\n"
+    );
+    drop(fs);
+    let fs = Filesystem::open_read_write(&[&img]).unwrap();
+    assert_eq!(
+        fs.read_all(fs.resolve_path(b"/x").unwrap()).unwrap(),
+        b"hello\n"
+    );
+    fs.commit().unwrap();
+    drop(fs);
+    assert_eq!(super_field(&img, "log_root"), "0");
+    assert_eq!(super_field(&img, "compat_ro_flags"), "0x3");
+    check(&img);
+    let m = Mount::new(&[&img], &mnt, "").unwrap();
+    assert_eq!(std::fs::read(m.path().join("x")).unwrap(), b"hello\n");
+    m.unmount().unwrap();
+}

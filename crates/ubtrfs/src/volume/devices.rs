@@ -91,10 +91,9 @@ impl DeviceSet {
         Self::from_devices(devs)
     }
 
-    /// Group already-open devices by devid, checking fsids agree. Seed
-    /// devices (their superblock says so) of another filesystem id may
-    /// come with the devices of a filesystem sprouted from them: the
-    /// sprout's chunk tree names them, and its superblock is the one used.
+    /// Group already-open devices by devid, checking fsids agree. A seed
+    /// device (its superblock says so) of another filesystem id, given
+    /// with a filesystem sprouted from it, is named as such.
     pub fn from_devices(devs: Vec<Arc<dyn Device>>) -> Result<Self> {
         if devs.is_empty() {
             return Err(Error::Devices("no device given".into()));
@@ -117,8 +116,16 @@ impl DeviceSet {
         let mut newest: Option<Superblock> = None;
         for (dev, sb, w) in scanned {
             warnings.extend(w);
-            let seed_of_sprout = sb.is_seed() && sb.fsid != main_fsid;
-            if sb.fsid != main_fsid && !seed_of_sprout {
+            if sb.is_seed() && sb.fsid != main_fsid {
+                // Its tree blocks carry the seed's id, which the reader
+                // does not take yet.
+                return Err(Error::Unsupported(format!(
+                    "{} is a seed device of filesystem {}: reading a filesystem sprouted from a seed is not supported yet",
+                    dev.path().display(),
+                    uuid_string(&sb.fsid)
+                )));
+            }
+            if sb.fsid != main_fsid {
                 return Err(Error::Devices(format!(
                     "{} belongs to filesystem {}, not {}",
                     dev.path().display(),
@@ -135,7 +142,7 @@ impl DeviceSet {
                     dev.path().display()
                 )));
             }
-            if !seed_of_sprout && newest.as_ref().is_none_or(|n| sb.generation > n.generation) {
+            if newest.as_ref().is_none_or(|n| sb.generation > n.generation) {
                 newest = Some(sb);
             }
             devices.insert(devid, dev);

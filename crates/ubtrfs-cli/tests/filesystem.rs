@@ -177,7 +177,21 @@ fn global_reserve_follows_the_trees() {
         reserve(&expected_after) > reserve(&expected),
         "{expected_after}"
     );
-    assert_eq!(through_mount, expected_after, "through the mount");
+    // The image as the mount left it is the kernel's to the byte. Through
+    // the mount, before the unmount's commit (which may still take the
+    // file times the kernel writes back late, a leaf or two), only the
+    // data and the reserve's size within a few nodes.
+    assert_eq!(ubtrfs_df(&[&img], true), expected_after, "after the mount");
+    let data = |df: &str| df.lines().next().unwrap_or_default().to_string();
+    assert_eq!(
+        data(&through_mount),
+        data(&expected_after),
+        "through the mount"
+    );
+    assert!(
+        reserve(&through_mount).abs_diff(reserve(&expected_after)) <= 8 * 4096,
+        "through the mount:\n{through_mount}\nafter:\n{expected_after}"
+    );
     common::check_image(&img);
 }
 

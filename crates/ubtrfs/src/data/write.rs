@@ -188,7 +188,9 @@ impl Filesystem {
             } else {
                 self.put_large(id, offset, data, &inode, uninline, ss)?;
             }
-            {
+            // Only files with room of their own have sectors going in place:
+            // other writes take no lock more for this.
+            if may_in_place {
                 let mut d = self.delalloc();
                 if !own.is_empty() {
                     d.mark_unreserved(id, &own);

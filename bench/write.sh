@@ -38,7 +38,7 @@ usage() {
   --jobs LIST      numjobs values of section 1 (default "1 2 4 8 16")
   --sections LIST  which sections to run (default 1,2,3,4):
                    1 seed-000 fsync jobs, 2 sequential 1 MiB write/read,
-                   3 tarball extract / rm -rf, 4 device I/O per fsync
+                   3 tarball extract / first reads / rm -rf, 4 device I/O per fsync
 EOF
 }
 
@@ -414,17 +414,18 @@ def cmd_report(args):
     # 3. metadata
     if any(r.get("sec") == "meta" for r in rows):
         r0 = next(r for r in rows if r.get("sec") == "meta")
-        L.append("### 3. Metadata: extract a tarball, then `rm -rf` it")
+        L.append("### 3. Metadata: extract a tarball, read every file, then `rm -rf` it")
         L.append("")
         L.append(f"{r0.get('files')} files in {r0.get('dirs')} directories, {r0.get('mb')} MB. "
                  "Seconds, lower is better; ratios > 1 mean ubtrfs is slower. "
                  "\"+ unmount\" adds the unmount that makes it durable (kernel: commit and flush; "
-                 "ubtrfs: `fusermount3 -u` and the process' last commit). `rm -rf` runs on a fresh mount "
+                 "ubtrfs: `fusermount3 -u` and the process' last commit). The reads (`find | xargs cat`) and `rm -rf` run on a fresh mount "
                  "after `drop_caches` (cold metadata).")
         L.append("")
         L.append("| step | ubtrfs s | kernel btrfs s | XFS s | ubtrfs / kernel btrfs | ubtrfs / XFS | ubtrfs CPU s |")
         L.append("|" + "---|" * 7)
         for step, what in (("extract", "`tar -xf`"), ("extract+umount", "`tar -xf` + unmount"),
+                           ("read", "first read of each file, cold"),
                            ("rm", "`rm -rf`"), ("rm+umount", "`rm -rf` + unmount")):
             rs = {t: get("meta", step, t) for t in ("ubtrfs", "btrfs", "xfs")}
             s = {t: val(rs[t], "wall_s") for t in rs}
@@ -694,6 +695,17 @@ EOF
         ucpu=$(last_row d_ucpu 0)
         row sec=meta wl=extract+umount tgt="$t" ok=$ok2 err="last_commit_failed" wall_s="$(awk -v a="$ext_s" -v b="$UMOUNT_S" 'BEGIN { print a + b }')" d_ucpu="$ucpu"
         log "    $t: extract $ext_s s, unmount $UMOUNT_S s"
+        # The first read of each file, cold, as grep -r or a build would:
+        # its access time moves then (relatime; tar set it to the mtime).
+        do_mount "$t"
+        drop_caches
+        before=$(snap "$t") rc=0
+        find "$mnt/src" -type f -print0 | xargs -0 cat >/dev/null 2>"$W/log-read.txt" || rc=$?
+        after=$(snap "$t")
+        ok=1; ((rc)) && ok=0
+        row sec=meta wl=read tgt="$t" ok=$ok err="read_exit_$rc" --before "$before" --after "$after"
+        do_umount "$t" || true
+        log "    $t: first read of every file $(last_row wall_s) s"
         if [[ $t == ubtrfs ]]; then
             # A fast wrong answer is no answer: btrfs check, and tar's own diff.
             if btrfs check --readonly "$(img_of "$t")" >"$W/log-check.txt" 2>&1; then

@@ -205,6 +205,10 @@ pub struct FuseFs {
     /// while the kernel still knew them: they are opened without FUSE, so
     /// they live until the kernel forgets them.
     held_until_forget: Arc<std::sync::Mutex<std::collections::HashSet<InodeId>>>,
+    /// Files whose pages the kernel may hold: read through the mount or
+    /// opened for writing since the kernel last forgot them. Reads of the
+    /// others reach the mount (see [`FuseFs::note_access`]).
+    paged: Arc<std::sync::Mutex<std::collections::HashSet<InodeId>>>,
     /// Long writes waiting for writeback room, once the session started.
     deferred: Arc<OnceLock<deferred::DeferredWrites>>,
     /// Whether to ask the kernel for FUSE over io_uring.
@@ -311,6 +315,8 @@ impl FuseFs {
     /// meanwhile takes the subvolume's tree with it.
     pub(super) fn on_forget(&self, ino: INodeNo, nlookup: u64) {
         let id = self.inode_of(ino);
+        // The kernel's inode went, and its page cache with it.
+        self.paged_set().remove(&id);
         if self.held().remove(&id)
             && let Err(e) = self.served.write(|fs| fs.release_inode(id).map_err(errno))
         {
@@ -343,6 +349,7 @@ impl FuseFs {
             agreed: Arc::default(),
             stats: Arc::default(),
             held_until_forget: Arc::default(),
+            paged: Arc::default(),
             deferred: Arc::default(),
             uring_wanted: opts.uring,
             rings: Arc::default(),
@@ -431,6 +438,7 @@ impl FuseFs {
     /// Count an open of `id` for writing, through the page cache unless
     /// `direct`; returns its file handle.
     fn writer_opened(&self, id: InodeId, direct: bool) -> FileHandle {
+        self.note_paged(id);
         let mut w = self.writers.lock().unwrap_or_else(|e| e.into_inner());
         let n = w.entry(id).or_default();
         n.all += 1;
@@ -559,8 +567,14 @@ impl FuseFs {
             .served
             .read(|fs| fs.note_access(id, self.atime).map_err(errno))
         {
-            Ok(true) => self.served.invalidate_attrs(ino),
-            Ok(false) => {}
+            // A file whose pages the kernel does not hold is read through
+            // the mount, and the kernel drops its cached access time after
+            // each such read by itself: no need to have it fetch every
+            // attribute again (a round trip at the next read or fstat).
+            // Checked after the move: a read noted later was answered
+            // after it.
+            Ok(true) if dir || self.paged_set().contains(&id) => self.served.invalidate_attrs(ino),
+            Ok(_) => {}
             Err(e) => tracing::debug!("access time of inode {}: {e:?}", id.ino),
         }
     }
@@ -584,6 +598,15 @@ impl FuseFs {
     /// Whether the kernel enforces POSIX ACLs.
     fn posix_acl(&self) -> bool {
         self.agreed.posix_acl.load(Ordering::Relaxed)
+    }
+
+    fn paged_set(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<InodeId>> {
+        self.paged.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The kernel may cache pages of `id` from now on (see `paged`).
+    fn note_paged(&self, id: InodeId) {
+        self.paged_set().insert(id);
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<InodeId>> {
@@ -1104,6 +1127,11 @@ impl FuseFs {
             && reading
             && st.kind != FileKind::Dir
         {
+            // Read back from pages it writes, which no read of the mount
+            // follows: the kernel must fetch the moved access time.
+            if writing {
+                self.note_paged(id);
+            }
             self.note_access(ino, st, false);
         }
         match found {
@@ -1161,10 +1189,10 @@ impl FuseFs {
     ) {
         self.stats.count(Counter::Read);
         self.stats.max(Counter::MaxRead, u64::from(size));
-        match self
-            .served
-            .read(|fs| fs.read(self.inode_of(ino), offset, size as usize))
-        {
+        // Noted before the answer, which the kernel caches.
+        let id = self.inode_of(ino);
+        self.note_paged(id);
+        match self.served.read(|fs| fs.read(id, offset, size as usize)) {
             Ok(data) => reply.data(&data),
             Err(e) => reply.error(errno(e)),
         }

@@ -3065,3 +3065,73 @@ fn nologreplay_shows_the_last_commit() {
     );
     check_image(&img);
 }
+
+/// The first read of each file on a fresh mount moves its access time
+/// (relatime) without the kernel fetching the file's attributes again for
+/// it: the kernel holds none of its pages, so the read reaches the mount,
+/// and the kernel drops its cached access time after such a read by
+/// itself. A file whose pages the kernel holds (written on this mount) is
+/// read from them; the mount then has the kernel fetch its attributes, so
+/// its moved access time shows too.
+#[test]
+fn first_reads_move_access_times_without_fetching_attributes() {
+    require_privileged!();
+    const FILES: usize = 100;
+    let t = TestDir::new("mount-rw-first-read").unwrap();
+    let img = new_image(&t);
+    let m = RwMount::start(&img, &t.join("fuse"), &NO_TIMER);
+    fs::create_dir(m.path().join("d")).unwrap();
+    for i in 0..FILES {
+        fs::write(
+            m.path().join(format!("d/f{i}")),
+            pattern(3000 + i, i as u64),
+        )
+        .unwrap();
+    }
+    m.unmount_cleanly();
+    std::thread::sleep(Duration::from_millis(50));
+
+    let m = RwMount::start(&img, &t.join("fuse"), &NO_TIMER);
+    let p = |i: usize| m.path().join(format!("d/f{i}"));
+    let atime = |md: &fs::Metadata| (md.atime(), md.atime_nsec());
+    let mtime = |md: &fs::Metadata| (md.mtime(), md.mtime_nsec());
+    let was: Vec<_> = (0..FILES)
+        .map(|i| {
+            let md = fs::metadata(p(i)).unwrap();
+            assert!(atime(&md) <= mtime(&md), "f{i}: atime after mtime already");
+            atime(&md)
+        })
+        .collect();
+    let getattrs = server_info(m.path())[info::GETATTR];
+    // As cat(1) reads: open, fstat, read to the end.
+    for i in 0..FILES {
+        let mut f = File::open(p(i)).unwrap();
+        assert_eq!(f.metadata().unwrap().len(), 3000 + i as u64);
+        let mut back = Vec::new();
+        f.read_to_end(&mut back).unwrap();
+        assert!(back == pattern(3000 + i, i as u64), "f{i} read back wrong");
+    }
+    let fetched = server_info(m.path())[info::GETATTR] - getattrs;
+    assert!(
+        fetched < FILES as u64 / 10,
+        "{fetched} attribute fetches for {FILES} first reads"
+    );
+    for (i, was) in was.iter().enumerate() {
+        let md = fs::metadata(p(i)).unwrap();
+        assert!(atime(&md) > *was, "f{i}: the read did not move its atime");
+        assert!(atime(&md) >= mtime(&md), "f{i}: atime before mtime");
+    }
+
+    // Written on this mount: its pages are cached, and read from there.
+    let w = m.path().join("w");
+    fs::write(&w, b"cached").unwrap();
+    let before = atime(&fs::metadata(&w).unwrap());
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(fs::read(&w).unwrap(), b"cached");
+    assert!(
+        atime(&fs::metadata(&w).unwrap()) > before,
+        "a read from cached pages did not move the atime"
+    );
+    m.unmount_cleanly();
+    check_image(&img);
+}

@@ -546,6 +546,10 @@ fn a_full_filesystem_takes_holes_and_truncates_that_write_nothing() {
     fs.fallocate(pre, 0, 0, 64 << 10).unwrap();
     let sparse = fs.create(fs.root(), b"sparse", file(0o644)).unwrap().id;
     fs.truncate(sparse, 64 << 10).unwrap();
+    // Inline: a hole over all its data drops the inline extent, one over
+    // part of it rewrites it.
+    let inline = fs.create(fs.root(), b"inline", file(0o644)).unwrap().id;
+    fs.write(inline, 0, &[7u8; 100]).unwrap();
     fs.commit().unwrap();
     let fill = fs.create(fs.root(), b"fill", file(0o644)).unwrap().id;
     let mut at = 0u64;
@@ -569,6 +573,11 @@ fn a_full_filesystem_takes_holes_and_truncates_that_write_nothing() {
         fs.fallocate(t, punch, 100, 8192),
         Err(ubtrfs::Error::NoSpace(_))
     ));
+    assert!(matches!(
+        fs.fallocate(inline, punch, 10, 20),
+        Err(ubtrfs::Error::NoSpace(_))
+    ));
+    fs.fallocate(inline, punch, 0, 4096).unwrap();
     fs.fallocate(t, punch, 64 << 10, 128 << 10).unwrap();
     want[64 << 10..192 << 10].fill(0);
     for f in [pre, sparse] {
@@ -592,6 +601,8 @@ fn a_full_filesystem_takes_holes_and_truncates_that_write_nothing() {
     for f in [pre, sparse] {
         assert_eq!(fs.read_all(f).unwrap(), vec![0u8; 64 << 10]);
     }
+    assert_eq!(fs.read_all(inline).unwrap(), vec![0u8; 100]);
+    assert_eq!(fs.stat(inline).unwrap().nbytes, 0);
     drop(fs);
     check(&imgs);
 }

@@ -248,11 +248,19 @@ impl Filesystem {
         let end = end.min(size.div_ceil(ss) * ss);
         let spans = self.spans(id)?;
         let inline = spans.iter().any(|s| s.kind == Kind::Inline);
+        // A hole over all of an inline extent's data drops the extent, as
+        // the kernel does: nothing is written, so a full filesystem takes
+        // it. (Not while a newer copy of the sector waits to be written.)
+        let inline_whole = offset == 0
+            && spans
+                .iter()
+                .any(|s| s.kind == Kind::Inline && end >= s.start + s.inline_len)
+            && self.delalloc().sector(id, 0).is_none();
         // The partial sectors at either end become dirty data: room for
         // them first. A hole of whole sectors writes none, so a full
         // filesystem takes it.
         let partial = match (offset.div_ceil(ss) * ss, end / ss * ss) {
-            _ if offset >= end => 0,
+            _ if offset >= end || inline_whole => 0,
             _ if inline => 1,
             (lo, hi) if lo > hi => u64::from(data_at(&spans, offset, ss)),
             (lo, hi) => {
@@ -265,7 +273,9 @@ impl Filesystem {
         }
         let mut removed = 0;
         if offset < end {
-            if inline {
+            if inline_whole {
+                removed = self.drop_range(w, id, 0, ss)?;
+            } else if inline {
                 self.zero_bytes(w, id, offset, end.min(ss))?;
             } else {
                 let lo = offset.div_ceil(ss) * ss;

@@ -290,7 +290,12 @@ impl Filesystem {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         let mut bad = Vec::new();
-        for (devid, dev) in self.tree_reader().volume().devices.iter() {
+        let devices = &self.tree_reader().volume().devices;
+        for (devid, dev) in devices.iter() {
+            // A seed's superblocks are its own, never written since.
+            if devices.seeds.iter().any(|&(d, _)| d == devid) {
+                continue;
+            }
             // Copies lie only inside the filesystem's part of the device
             // (its device item's size), as commits write them.
             let fs_size = self
@@ -398,7 +403,7 @@ impl Filesystem {
             match Node::parse(
                 buf.into_boxed_slice(),
                 reader.csum_type(),
-                &reader.fsid(),
+                reader.fsids(),
                 expect,
                 newest,
             ) {
@@ -720,7 +725,7 @@ impl Filesystem {
             if Node::parse(
                 bytes.to_vec().into_boxed_slice(),
                 reader.csum_type(),
-                &reader.fsid(),
+                reader.fsids(),
                 &expect,
                 newest,
             )

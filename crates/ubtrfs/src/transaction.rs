@@ -583,6 +583,12 @@ impl Filesystem {
         let mut sizes = BTreeMap::new();
         for (devid, dev) in set.iter() {
             let (sb, _) = scan_device(dev.as_ref())?;
+            // The seeds of a sprouted filesystem are read, never written:
+            // no superblocks, no chunks, their block groups read-only.
+            if set.is_seed(devid) {
+                sizes.insert(devid, (dev.path().to_path_buf(), dev.size()));
+                continue;
+            }
             if sb.is_seed() {
                 return Err(Error::ReadOnly(format!(
                     "{} is a seed device: it is only read, as the kernel only reads it (filesystems sprouted from it hold its blocks)",
@@ -666,6 +672,14 @@ impl Filesystem {
             ));
         }
         block_group::exclude_super_copies(&mut alloc.groups, &chunks)?;
+        let seeds = &fs.tree_reader().volume().devices;
+        for (logical, chunk) in &chunks {
+            if chunk.stripes.iter().any(|s| seeds.is_seed(s.devid))
+                && let Some(g) = alloc.groups.get_mut(logical)
+            {
+                g.read_only = true;
+            }
+        }
         let mut last_snapshot = HashMap::new();
         let mut readonly = HashSet::new();
         for item in fs.root_tree().range(Key::MIN, Key::MAX)? {

@@ -1,9 +1,10 @@
 //! Seed devices (`btrfstune -S 1`) and the filesystems the kernel sprouts
 //! from them (`btrfs device add` on a mounted seed): the sprout's devices
-//! carry its own filesystem id, the seed's keep theirs, and the sprout's
-//! chunk tree names both. ubtrfs writes neither (a seed is only read, as
-//! the kernel only reads it) and does not read a sprout yet: it says so,
-//! naming the seed.
+//! carry its own filesystem id, the seed's keep theirs (so do the tree
+//! blocks written before the sprout), and the sprout's chunk tree names
+//! both. ubtrfs never writes a seed; it reads and writes a sprout given
+//! with its seeds as the kernel does: the seed's block groups take no new
+//! extents, new chunks and superblocks go to the sprout's own devices.
 
 use std::process::Command;
 
@@ -11,7 +12,7 @@ use testkit::{Loop, Mount, TestDir};
 use ubtrfs::fs::Filesystem;
 
 #[test]
-fn a_filesystem_sprouted_from_a_seed_is_refused_by_name_and_the_seed_not_written() {
+fn a_filesystem_sprouted_from_a_seed_is_read_and_written_and_the_seed_never() {
     testkit::require_privileged!();
     let t = TestDir::new("seed-sprout").unwrap();
     let (seed, sprout) = (t.join("seed.img"), t.join("sprout.img"));
@@ -23,9 +24,11 @@ fn a_filesystem_sprouted_from_a_seed_is_refused_by_name_and_the_seed_not_written
     }
     testkit::run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&seed)).unwrap();
     let mnt = t.join("mnt");
+    let mut big: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 253) as u8).collect();
     {
         let m = Mount::new(&[&seed], &mnt, "").unwrap();
         std::fs::write(m.path().join("f"), b"seeded").unwrap();
+        std::fs::write(m.path().join("big"), &big).unwrap();
         m.unmount().unwrap();
     }
     testkit::run(Command::new("btrfstune").args(["-S", "1"]).arg(&seed)).unwrap();
@@ -55,15 +58,89 @@ fn a_filesystem_sprouted_from_a_seed_is_refused_by_name_and_the_seed_not_written
             .status();
     }
     let seed_before = std::fs::read(&seed).unwrap();
-    // Reading a sprout is refused, naming the seed (its tree blocks carry
-    // the seed's id, which the reader does not take yet).
+    // Read, the seed given first or last.
     for order in [[&seed, &sprout], [&sprout, &seed]] {
-        let e = Filesystem::open(&order).err().expect("a sprout opened");
+        let fs = Filesystem::open(&order).unwrap();
+        assert_eq!(read(&fs, b"/f"), b"seeded");
+        assert_eq!(read(&fs, b"/big"), big);
+        assert_eq!(read(&fs, b"/g"), b"sprouted");
+    }
+    // Written: a new file, an overwrite of the seed's file, a deletion.
+    {
+        let fs = Filesystem::open_read_write(&[&sprout, &seed]).unwrap();
+        let root = fs.root();
+        let h = fs
+            .create(
+                root,
+                b"h",
+                ubtrfs::fs::NewInode {
+                    mode: libc::S_IFREG | 0o644,
+                    uid: 0,
+                    gid: 0,
+                    rdev: 0,
+                },
+            )
+            .unwrap()
+            .id;
+        fs.write(h, 0, &vec![9u8; 3 << 20]).unwrap();
+        let b = fs.resolve_path(b"/big").unwrap();
+        fs.write(b, 4096, &[1u8; 8192]).unwrap();
+        fs.unlink(root, b"f").unwrap();
+        fs.commit().unwrap();
+    }
+    big[4096..4096 + 8192].fill(1);
+    assert!(
+        std::fs::read(&seed).unwrap() == seed_before,
+        "the seed changed"
+    );
+    // btrfs check of the pair, then the kernel reads what ubtrfs wrote.
+    {
+        let loops = [
+            Loop::attach_read_only(&seed).unwrap(),
+            Loop::attach_read_only(&sprout).unwrap(),
+        ];
+        let devs: Vec<_> = loops.iter().map(|l| l.device()).collect();
+        testkit::run(Command::new("btrfs").args(["device", "scan"]).args(&devs)).unwrap();
+        let out = testkit::output_of(
+            Command::new("btrfs")
+                .args(["check", "--readonly"])
+                .arg(devs[1]),
+        )
+        .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        let _ = Command::new("btrfs")
+            .args(["device", "scan", "--forget"])
+            .args(&devs)
+            .status();
         assert!(
-            e.to_string().contains("is a seed device of filesystem"),
-            "{e}"
+            out.status.success() && text.contains("no error found"),
+            "btrfs check:\n{text}"
         );
     }
+    {
+        let m = Mount::new(&[&sprout, &seed], &mnt, "ro").unwrap();
+        assert_eq!(
+            std::fs::read(m.path().join("h")).unwrap(),
+            vec![9u8; 3 << 20]
+        );
+        assert_eq!(std::fs::read(m.path().join("big")).unwrap(), big);
+        assert_eq!(std::fs::read(m.path().join("g")).unwrap(), b"sprouted");
+        assert!(!m.path().join("f").exists());
+        m.unmount().unwrap();
+    }
+    // A seed this filesystem was not sprouted from is named as such.
+    let other = t.join("other.img");
+    std::fs::File::create(&other)
+        .unwrap()
+        .set_len(300 << 20)
+        .unwrap();
+    testkit::run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&other)).unwrap();
+    testkit::run(Command::new("btrfstune").args(["-S", "1"]).arg(&other)).unwrap();
+    let e = Filesystem::open(&[&sprout, &other])
+        .err()
+        .expect("opened with another seed");
+    assert!(e.to_string().contains("was not sprouted from"), "{e}");
     // The sprout without its seed: the seed is named as one.
     let e = Filesystem::open(&[&sprout])
         .err()
@@ -81,4 +158,9 @@ fn a_filesystem_sprouted_from_a_seed_is_refused_by_name_and_the_seed_not_written
         std::fs::read(&seed).unwrap() == seed_before,
         "the seed changed"
     );
+}
+
+/// The whole of the file at `path`.
+fn read(fs: &Filesystem, path: &[u8]) -> Vec<u8> {
+    fs.read_all(fs.resolve_path(path).unwrap()).unwrap()
 }

@@ -478,13 +478,20 @@ fn mount_root(fs: &Filesystem, choice: Option<&SubvolChoice>) -> Result<InodeId>
     }
 }
 
-/// The first of `devices` whose superblock says it is a seed device.
+/// A seed device given alone (every one of `devices` is a seed): it is
+/// only read.
 fn seed_device(devices: &[PathBuf]) -> Option<&PathBuf> {
-    devices.iter().find(|path| {
+    let seed = |path: &PathBuf| {
         ubtrfs::device::FileDevice::open_read_only(path)
             .and_then(|dev| ubtrfs::volume::scan_device(&dev))
             .is_ok_and(|(sb, _)| sb.is_seed())
-    })
+    };
+    // A filesystem sprouted from seeds is written (on its own devices).
+    if devices.iter().all(seed) {
+        devices.first()
+    } else {
+        None
+    }
 }
 
 /// The value of `commit=`: whole seconds; 0 means the default, as in the

@@ -61,7 +61,9 @@ impl Filesystem {
         {
             let item = DevItem::parse(item?.data())?;
             let mut free = RangeSet::new();
-            if item.total_bytes > DEV_RESERVED {
+            // A seed (its item keeps the seed's id) takes no chunks.
+            let seed = item.fsid != self.superblock().fsid;
+            if item.total_bytes > DEV_RESERVED && !seed {
                 free.insert(DEV_RESERVED, item.total_bytes - DEV_RESERVED);
             }
             // Keep chunks off the superblock copies.

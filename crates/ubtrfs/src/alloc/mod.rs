@@ -181,11 +181,12 @@ impl Allocator {
             .sum()
     }
 
-    /// Free bytes (not counting pinned space) of groups of `kind`.
+    /// Free bytes (not counting pinned space) of groups of `kind` that
+    /// take allocations.
     pub fn free_bytes(&self, kind: SpaceKind) -> u64 {
         self.groups
             .values()
-            .filter(|g| g.flags & kind.flag() != 0)
+            .filter(|g| g.flags & kind.flag() != 0 && !g.read_only)
             .map(|g| g.free.total())
             .sum()
     }

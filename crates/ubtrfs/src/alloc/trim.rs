@@ -54,7 +54,9 @@ impl Filesystem {
                 .alloc
                 .groups
                 .values()
-                .filter(|g| g.start < end && g.start + g.len > start)
+                // Not read-only groups: a seed's (which may still hold
+                // the seed's own data there) or one being removed.
+                .filter(|g| g.start < end && g.start + g.len > start && !g.read_only)
                 .map(|g| g.start)
                 .collect()
         };

@@ -4,10 +4,12 @@
 mod file;
 mod memory;
 pub mod recording;
+mod seed;
 
 pub use file::FileDevice;
 pub use memory::MemDevice;
 pub use recording::RecordingDevice;
+pub use seed::SeedDevice;
 
 use crate::Result;
 use std::path::Path;

@@ -101,11 +101,13 @@ impl KeyPtr {
 
 impl Node {
     /// Verify `data` as the block `expect` describes and build the node.
-    /// `super_generation` bounds the block's generation.
+    /// `super_generation` bounds the block's generation; its header must
+    /// carry one of `fsids` (a sprouted filesystem's blocks written before
+    /// the sprout carry their seed's).
     pub fn parse(
         data: Box<[u8]>,
         csum_type: CsumType,
-        fsid: &[u8; 16],
+        fsids: &[[u8; 16]],
         expect: &Expect,
         super_generation: u64,
     ) -> std::result::Result<Self, String> {
@@ -119,7 +121,7 @@ impl Node {
         if header.bytenr != expect.bytenr {
             return Err(format!("block claims bytenr {}", header.bytenr));
         }
-        if &header.fsid != fsid {
+        if !fsids.contains(&header.fsid) {
             return Err(format!(
                 "fsid {} is not this filesystem's",
                 super::uuid_string(&header.fsid)
@@ -659,7 +661,7 @@ mod tests {
             level: Some(0),
             first_key: Some(Key::new(256, 1, 0)),
         };
-        let back = Node::parse(bytes, CsumType::Crc32c, &[7; 16], &expect, 42).unwrap();
+        let back = Node::parse(bytes, CsumType::Crc32c, &[[7; 16]], &expect, 42).unwrap();
         assert_eq!(back.body(), body);
         let ptrs: Vec<KeyPtr> = (0..10u64)
             .map(|i| KeyPtr {
@@ -676,7 +678,7 @@ mod tests {
             level: Some(1),
             first_key: None,
         };
-        let back = Node::parse(bytes, CsumType::Sha256, &[7; 16], &expect, 42).unwrap();
+        let back = Node::parse(bytes, CsumType::Sha256, &[[7; 16]], &expect, 42).unwrap();
         assert_eq!(back.body(), Body::Internal(ptrs));
         let big = Body::Leaf(vec![(Key::MIN, vec![0; 5000])]);
         assert!(Node::build(&header(0), &big, 4096).is_err());
@@ -693,12 +695,12 @@ mod tests {
         };
         let node = Node::build(&header(1), &Body::Internal(Vec::new()), 4096).unwrap();
         let bytes = node.sealed_bytes(CsumType::Crc32c).into_boxed_slice();
-        let e = Node::parse(bytes, CsumType::Crc32c, &[7; 16], &expect(1), 42).unwrap_err();
+        let e = Node::parse(bytes, CsumType::Crc32c, &[[7; 16]], &expect(1), 42).unwrap_err();
         assert!(e.contains("without key pointers"), "{e}");
         // An empty leaf is an empty tree, and fine.
         let node = Node::build(&header(0), &Body::Leaf(Vec::new()), 4096).unwrap();
         let bytes = node.sealed_bytes(CsumType::Crc32c).into_boxed_slice();
-        Node::parse(bytes, CsumType::Crc32c, &[7; 16], &expect(0), 42).unwrap();
+        Node::parse(bytes, CsumType::Crc32c, &[[7; 16]], &expect(0), 42).unwrap();
     }
 
     /// Random in-place edits give exactly the block that building the same

@@ -635,6 +635,18 @@ fn check_devices(
     dev_items: &[DevItem],
     warnings: &mut Vec<String>,
 ) -> Result<()> {
+    // A seed given must be one this filesystem was sprouted from.
+    for &(devid, fsid) in &set.seeds {
+        if !dev_items.iter().any(|d| d.devid == devid && d.fsid == fsid) {
+            let path = set.get(devid).map(|d| d.path().display().to_string());
+            return Err(Error::Devices(format!(
+                "{} is a seed device of filesystem {}, which filesystem {} was not sprouted from",
+                path.unwrap_or_default(),
+                uuid_string(&fsid),
+                uuid_string(&set.superblock.fsid)
+            )));
+        }
+    }
     let missing: Vec<&DevItem> = dev_items
         .iter()
         .filter(|d| set.get(d.devid).is_none())

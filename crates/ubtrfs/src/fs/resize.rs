@@ -95,6 +95,11 @@ impl Filesystem {
         self.change("resizing a device", || {
             let mut w = self.writer()?;
             let devid = req.devid;
+            if self.tree_reader().volume().devices.is_seed(devid) {
+                return Err(Error::ReadOnly(format!(
+                    "resize: device {devid} is a seed device: it is only read"
+                )));
+            }
             let dev = self
                 .tree_reader()
                 .volume()

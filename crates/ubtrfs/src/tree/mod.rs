@@ -35,6 +35,8 @@ pub struct TreeReader {
     cache: Arc<NodeCache>,
     csum_type: CsumType,
     fsid: [u8; 16],
+    /// The ids blocks read may carry: `fsid`, then the seeds'.
+    fsids: Arc<[[u8; 16]]>,
     nodesize: usize,
     super_generation: Arc<AtomicU64>,
     /// Blocks written by the running transaction, not yet on disk. Reads
@@ -51,7 +53,10 @@ impl TreeReader {
     /// A reader for the filesystem described by `sb` on `volume`.
     pub fn new(volume: Arc<Volume>, sb: &Superblock) -> Self {
         let nodesize = sb.nodesize as usize;
+        let mut fsids = volume.devices.tree_fsids();
+        fsids[0] = sb.tree_fsid();
         TreeReader {
+            fsids: fsids.into(),
             volume,
             cache: Arc::new(NodeCache::new((64 << 20) / nodesize)),
             csum_type: sb.csum_type,
@@ -76,7 +81,7 @@ impl TreeReader {
             dirty: self.dirty.clone(),
             super_generation: self.super_generation.clone(),
             csum_type: self.csum_type,
-            fsid: self.fsid,
+            fsids: self.fsids.clone(),
             nodesize: self.nodesize,
         }));
         self
@@ -107,6 +112,12 @@ impl TreeReader {
     /// The fsid stamped in tree blocks.
     pub fn fsid(&self) -> [u8; 16] {
         self.fsid
+    }
+
+    /// The fsids blocks read may carry: [`Self::fsid`], then those of the
+    /// seeds the filesystem was sprouted from.
+    pub fn fsids(&self) -> &[[u8; 16]] {
+        &self.fsids
     }
 
     /// Record a block written by the running transaction.
@@ -231,7 +242,7 @@ impl TreeReader {
             match Node::parse(
                 buf,
                 self.csum_type,
-                &self.fsid,
+                &self.fsids,
                 expect,
                 self.super_generation.load(Ordering::Relaxed),
             ) {

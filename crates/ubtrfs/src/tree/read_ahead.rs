@@ -25,7 +25,7 @@ pub(super) struct Target {
     pub dirty: Arc<RwLock<AddrMap<Arc<Node>>>>,
     pub super_generation: Arc<AtomicU64>,
     pub csum_type: CsumType,
-    pub fsid: [u8; 16],
+    pub fsids: Arc<[[u8; 16]]>,
     pub nodesize: usize,
 }
 
@@ -257,7 +257,7 @@ fn read_one(t: &Target, e: &Expect) -> bool {
         return false;
     }
     let generation = t.super_generation.load(Ordering::Relaxed);
-    match Node::parse(buf, t.csum_type, &t.fsid, e, generation) {
+    match Node::parse(buf, t.csum_type, &t.fsids, e, generation) {
         Ok(node) => t.cache.insert_if_absent(e.bytenr, Arc::new(node)),
         Err(_) => false,
     }

@@ -1,6 +1,6 @@
 //! Finding a filesystem's devices and their superblocks.
 
-use crate::device::{Device, FileDevice};
+use crate::device::{Device, FileDevice, SeedDevice};
 use crate::format::consts::{SUPER_OFFSETS, SUPER_SIZE};
 use crate::format::superblock::Superblock;
 use crate::format::uuid_string;
@@ -70,6 +70,10 @@ pub struct DeviceSet {
     pub superblock: Superblock,
     /// Problems found while opening (bad superblock copies).
     pub warnings: Vec<String>,
+    /// The seed devices among them when the filesystem was sprouted from
+    /// seeds: (devid, the seed's filesystem id, which tree blocks written
+    /// before the sprout carry).
+    pub seeds: Vec<(u64, [u8; 16])>,
 }
 
 impl DeviceSet {
@@ -91,9 +95,9 @@ impl DeviceSet {
         Self::from_devices(devs)
     }
 
-    /// Group already-open devices by devid, checking fsids agree. A seed
-    /// device (its superblock says so) of another filesystem id, given
-    /// with a filesystem sprouted from it, is named as such.
+    /// Group already-open devices by devid, checking fsids agree. Seed
+    /// devices (their superblock says so) of another filesystem id may
+    /// come with the devices of a filesystem sprouted from them.
     pub fn from_devices(devs: Vec<Arc<dyn Device>>) -> Result<Self> {
         if devs.is_empty() {
             return Err(Error::Devices("no device given".into()));
@@ -105,25 +109,37 @@ impl DeviceSet {
         }
         // The filesystem is the one of the devices that are not seeds,
         // if any are not; seeds of other ids are its seeds.
-        let main_fsid = scanned
-            .iter()
-            .find(|(_, sb, _)| !sb.is_seed())
+        let sprout = scanned.iter().find(|(_, sb, _)| !sb.is_seed());
+        let sprouted = sprout.is_some();
+        let main_fsid = sprout
             .or(scanned.first())
             .map(|(_, sb, _)| sb.fsid)
             .unwrap_or_default();
         let mut devices = BTreeMap::new();
         let mut warnings = Vec::new();
         let mut newest: Option<Superblock> = None;
+        let mut seeds = Vec::new();
+        let insert = |devices: &mut BTreeMap<u64, Arc<dyn Device>>, devid, dev: Arc<dyn Device>| {
+            if let Some(other) = devices.get(&devid) {
+                return Err(Error::Devices(format!(
+                    "{} and {} are both device {devid}",
+                    other.path().display(),
+                    dev.path().display()
+                )));
+            }
+            devices.insert(devid, dev);
+            Ok(())
+        };
         for (dev, sb, w) in scanned {
             warnings.extend(w);
-            if sb.is_seed() && sb.fsid != main_fsid {
-                // Its tree blocks carry the seed's id, which the reader
-                // does not take yet.
-                return Err(Error::Unsupported(format!(
-                    "{} is a seed device of filesystem {}: reading a filesystem sprouted from a seed is not supported yet",
-                    dev.path().display(),
-                    uuid_string(&sb.fsid)
-                )));
+            // A seed of a filesystem sprouted from it: the sprout's chunk
+            // tree names it, its blocks carry its own id, and the sprout's
+            // superblock is the one used.
+            if sprouted && sb.is_seed() && sb.fsid != main_fsid {
+                seeds.push((sb.dev_item.devid, sb.fsid));
+                let seed: Arc<dyn Device> = Arc::new(SeedDevice::new(dev));
+                insert(&mut devices, sb.dev_item.devid, seed)?;
+                continue;
             }
             if sb.fsid != main_fsid {
                 return Err(Error::Devices(format!(
@@ -133,25 +149,17 @@ impl DeviceSet {
                     uuid_string(&main_fsid)
                 )));
             }
-            let devid = sb.dev_item.devid;
-            if let Some(other) = devices.get(&devid) {
-                let other: &Arc<dyn Device> = other;
-                return Err(Error::Devices(format!(
-                    "{} and {} are both device {devid}",
-                    other.path().display(),
-                    dev.path().display()
-                )));
-            }
+            insert(&mut devices, sb.dev_item.devid, dev)?;
             if newest.as_ref().is_none_or(|n| sb.generation > n.generation) {
                 newest = Some(sb);
             }
-            devices.insert(devid, dev);
         }
         let superblock = newest.ok_or_else(|| Error::Devices("no device given".into()))?;
         Ok(DeviceSet {
             devices,
             superblock,
             warnings,
+            seeds,
         })
     }
 
@@ -162,7 +170,25 @@ impl DeviceSet {
             devices: devices.into_iter().collect(),
             superblock,
             warnings: Vec::new(),
+            seeds: Vec::new(),
         }
+    }
+
+    /// The filesystem ids tree blocks may carry: the filesystem's own,
+    /// then its seeds'.
+    pub fn tree_fsids(&self) -> Vec<[u8; 16]> {
+        let mut ids = vec![self.superblock.tree_fsid()];
+        for (_, f) in &self.seeds {
+            if !ids.contains(f) {
+                ids.push(*f);
+            }
+        }
+        ids
+    }
+
+    /// Whether device `devid` is a seed of this (sprouted) filesystem.
+    pub fn is_seed(&self, devid: u64) -> bool {
+        self.seeds.iter().any(|&(d, _)| d == devid)
     }
 
     /// The device with `devid`, if it was given.

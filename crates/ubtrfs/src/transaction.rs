@@ -672,6 +672,7 @@ impl Filesystem {
             ));
         }
         block_group::exclude_super_copies(&mut alloc.groups, &chunks)?;
+        alloc.settle();
         let seeds = &fs.tree_reader().volume().devices;
         for (logical, chunk) in &chunks {
             if chunk.stripes.iter().any(|s| seeds.is_seed(s.devid))

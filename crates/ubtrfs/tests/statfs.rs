@@ -292,3 +292,83 @@ fn uneven_raid1_fills_as_the_kernel_does() {
         "ubtrfs preallocated {ours} files of 16 MiB, the kernel {kernel}"
     );
 }
+
+/// `filesystem df` of a filesystem being written counts what the running
+/// transaction allocated and freed (as the kernel's figures move while its
+/// delayed references run), not only what the last commit recorded; after
+/// a commit it is the block group items' figures, to the byte.
+#[test]
+fn space_info_counts_the_running_transaction() {
+    use ubtrfs::format::consts::{BLOCK_GROUP_DATA, BLOCK_GROUP_METADATA};
+    let t = TestDir::new("statfs-live-df").unwrap();
+    let img = t.join("disk.img");
+    testkit::mkfs_file(&img, 1 << 30, &[]).unwrap();
+    let used = |fs: &Filesystem, kind: u64| -> u64 {
+        fs.space_info()
+            .unwrap()
+            .iter()
+            .filter(|s| s.flags & kind != 0)
+            .map(|s| s.used)
+            .sum()
+    };
+    let fs = Filesystem::open_read_write(&[&img]).unwrap();
+    let (meta0, data0) = (used(&fs, BLOCK_GROUP_METADATA), used(&fs, BLOCK_GROUP_DATA));
+    let root = fs.root();
+    for i in 0..3000 {
+        let id = fs
+            .create(
+                root,
+                format!("f{i}").as_bytes(),
+                ubtrfs::fs::NewInode {
+                    mode: libc::S_IFREG | 0o644,
+                    uid: 0,
+                    gid: 0,
+                    rdev: 0,
+                },
+            )
+            .unwrap()
+            .id;
+        fs.write(id, 0, &bytes(i, 200)).unwrap();
+    }
+    let big = fs.resolve_path(b"/f0").unwrap();
+    fs.write(big, 0, &bytes(7, 8 << 20)).unwrap();
+    fs.fsync(big, false).unwrap();
+    // Thousands of inodes take many leaves: counted before the commit
+    // records them.
+    let meta_live = used(&fs, BLOCK_GROUP_METADATA);
+    assert!(
+        meta_live > meta0 + (256 << 10),
+        "metadata used {meta0} before, {meta_live} while written"
+    );
+    // The last commit's figure: the superblock's bytes used.
+    let committed_used = {
+        use std::os::unix::fs::FileExt;
+        let mut b = [0u8; 8];
+        std::fs::File::open(&img)
+            .unwrap()
+            .read_exact_at(&mut b, 0x10000 + 0x78)
+            .unwrap();
+        u64::from_le_bytes(b)
+    };
+    let live_total: u64 = fs
+        .space_info()
+        .unwrap()
+        .iter()
+        .filter(|s| s.flags & (BLOCK_GROUP_DATA | BLOCK_GROUP_METADATA) != 0)
+        .map(|s| s.used)
+        .sum();
+    assert!(
+        live_total > committed_used + (8 << 20),
+        "{live_total} used while written, {committed_used} committed"
+    );
+    let data_live = used(&fs, BLOCK_GROUP_DATA);
+    assert!(
+        data_live >= data0 + (8 << 20),
+        "data used {data0} before, {data_live} once written back"
+    );
+    fs.commit().unwrap();
+    let committed = fs.space_info().unwrap();
+    drop(fs);
+    let items = Filesystem::open(&[&img]).unwrap().space_info().unwrap();
+    assert_eq!(committed, items);
+}

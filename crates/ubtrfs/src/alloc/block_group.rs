@@ -30,9 +30,22 @@ pub struct BlockGroup {
     pub dirty_free: bool,
     /// No new allocations here.
     pub read_only: bool,
+    /// Free bytes when `used` was last brought up to date (at open, after
+    /// each commit): what the running transaction allocated and freed
+    /// since is the difference (see [`BlockGroup::live_used`]).
+    pub settled_free: u64,
 }
 
 impl BlockGroup {
+    /// Bytes in use now, the running transaction's allocations and frees
+    /// counted (its references are counted into `used` at the commit), as
+    /// the kernel's figures move while its delayed references run.
+    pub fn live_used(&self) -> u64 {
+        (self.used + self.settled_free)
+            .saturating_sub(self.free.total())
+            .saturating_sub(self.pinned.total())
+    }
+
     /// The key of this group's item.
     pub fn key(&self) -> Key {
         Key::new(self.start, BLOCK_GROUP_ITEM_KEY, self.len)
@@ -91,6 +104,7 @@ pub fn load_groups(tree: &Tree<'_>) -> Result<Vec<BlockGroup>> {
             dirty_used: false,
             dirty_free: false,
             read_only: false,
+            settled_free: 0,
         });
     }
     Ok(out)

@@ -227,6 +227,7 @@ impl Filesystem {
                 dirty_used: false,
                 dirty_free: true,
                 read_only: false,
+                settled_free: length,
             };
             group.free.insert(logical, length);
             let (key, bytes) = (group.key(), group.item_bytes());

@@ -158,12 +158,22 @@ impl Allocator {
         Ok(())
     }
 
-    /// After a commit: pinned space becomes allocatable.
+    /// After a commit: pinned space becomes allocatable, and the groups'
+    /// `used` is up to date.
     pub fn unpin_all(&mut self) {
         for g in self.groups.values_mut() {
             for (s, l) in std::mem::take(&mut g.pinned).iter() {
                 g.free.insert(s, l);
             }
+        }
+        self.settle();
+    }
+
+    /// The groups' `used` is up to date with their free space (at open,
+    /// after a commit).
+    pub fn settle(&mut self) {
+        for g in self.groups.values_mut() {
+            g.settled_free = g.free.total();
         }
     }
 

@@ -113,7 +113,7 @@ impl Filesystem {
                 .alloc
                 .groups
                 .values()
-                .map(|g| (g.flags, g.len, g.used))
+                .map(|g| (g.flags, g.len, g.live_used()))
                 .collect());
         }
         self.block_group_items()

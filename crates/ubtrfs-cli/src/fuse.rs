@@ -2011,6 +2011,16 @@ impl FuseFs {
         if cmd != control::UBTRFS_IOC_SERVER_INFO {
             self.stats.count(Counter::Ioctl);
         }
+        // The kernel's stand-in for a nested subvolume in a snapshot is a
+        // bare directory with no flags to get or set.
+        if id.is_placeholder()
+            && matches!(
+                cmd,
+                FS_IOC_GETFLAGS | FS_IOC_SETFLAGS | FS_IOC_FSGETXATTR | FS_IOC_FSSETXATTR
+            )
+        {
+            return reply.error(Errno::ENOTTY);
+        }
         if let Some(request) = subvol_ioctl::decode(cmd, in_data) {
             let request = match request {
                 Ok(r) => r,

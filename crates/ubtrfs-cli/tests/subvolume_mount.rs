@@ -506,6 +506,10 @@ fn placeholders_in_a_snapshot_are_directories_of_their_own() {
     assert!(a.is_dir() && b.is_dir());
     assert_ne!(a.ino(), b.ino(), "two placeholders share an inode number");
     assert_eq!(std::fs::read_dir(mnt.join("snap/a")).unwrap().count(), 0);
+    // As the kernel's: a bare directory with no flags (lsattr -d says
+    // "Inappropriate ioctl for device"); the real one has them.
+    assert_eq!(get_flags(&mnt.join("snap/a")), Err(libc::ENOTTY));
+    assert!(get_flags(&mnt.join("vol/a")).is_ok());
 
     let mut sitter = Command::new("sleep")
         .arg("60")
@@ -529,6 +533,21 @@ fn placeholders_in_a_snapshot_are_directories_of_their_own() {
     assert_eq!(std::fs::read(mnt.join("vol/a/f")).unwrap(), b"in a\n");
     m.unmount().unwrap();
     check_image(&img);
+}
+
+/// `FS_IOC_GETFLAGS` of `path`, or the errno.
+fn get_flags(path: &Path) -> Result<u32, i32> {
+    use std::os::fd::AsRawFd;
+    const FS_IOC_GETFLAGS: u64 = 0x8008_6601;
+    let f = std::fs::File::open(path).unwrap();
+    let mut flags: libc::c_long = 0;
+    // SAFETY: the ioctl writes one long.
+    let rc = unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_GETFLAGS as _, &mut flags) };
+    if rc == 0 {
+        Ok(flags as u32)
+    } else {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+    }
 }
 
 fn drop_caches() {

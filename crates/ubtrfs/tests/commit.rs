@@ -875,3 +875,32 @@ fn fsyncs_beside_creates_do_not_commit_again_and_again() {
     drop(fs);
     check(&imgs);
 }
+
+/// A filesystem whose metadata UUID differs from its fsid (`btrfstune
+/// -m`): its device items carry the metadata UUID, and it grows new data
+/// and metadata chunks on its device like any other (a check that took a
+/// device item's id for a seed's once left it no room).
+#[test]
+fn a_filesystem_with_a_metadata_uuid_takes_new_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    let imgs = mkfs(dir.path(), &[], 1, 600 << 20);
+    let out = Command::new("btrfstune")
+        .arg("-m")
+        .arg(&imgs[0])
+        .output()
+        .expect("btrfstune runs");
+    assert!(out.status.success(), "{out:?}");
+    let fs = Filesystem::open_read_write(&imgs).unwrap();
+    assert_ne!(fs.superblock().fsid, fs.superblock().tree_fsid());
+    let f = fs.create(fs.root(), b"f", file(0o644)).unwrap().id;
+    let data: Vec<u8> = (0..(64u32 << 20)).map(|i| (i % 241) as u8).collect();
+    fs.write(f, 0, &data).unwrap();
+    for i in 0..3000 {
+        fs.create(fs.root(), format!("n{i}").as_bytes(), file(0o644))
+            .unwrap();
+    }
+    fs.commit().unwrap();
+    assert_eq!(fs.read_all(f).unwrap(), data);
+    drop(fs);
+    check(&imgs);
+}

@@ -187,12 +187,7 @@ fn fill(name: &str, mkfs: MkfsOptions) {
     let image = kernel_image(&t.join("img"), &opts, |_| Ok(())).unwrap();
     let fs = Filesystem::open_read_write(&image.devices).unwrap();
     let free = fs.statfs().free_bytes;
-    let new = ubtrfs::fs::NewInode {
-        mode: libc::S_IFREG | 0o644,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-    };
+    let new = ubtrfs::fs::NewInode::file(0o644);
     let id = fs.create(fs.root(), b"spc", new).unwrap().id;
     let len = free / 4096 * 4096;
     fs.fallocate(id, 0, 0, len)
@@ -270,12 +265,7 @@ fn uneven_raid1_fills_as_the_kernel_does() {
     let fs = Filesystem::open_read_write(&devices).unwrap();
     let mut ours = 0;
     while ours < 200 {
-        let new = ubtrfs::fs::NewInode {
-            mode: libc::S_IFREG | 0o644,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
-        };
+        let new = ubtrfs::fs::NewInode::file(0o644);
         let id = fs
             .create(fs.root(), format!("f{ours}").as_bytes(), new)
             .unwrap()
@@ -319,12 +309,7 @@ fn space_info_counts_the_running_transaction() {
             .create(
                 root,
                 format!("f{i}").as_bytes(),
-                ubtrfs::fs::NewInode {
-                    mode: libc::S_IFREG | 0o644,
-                    uid: 0,
-                    gid: 0,
-                    rdev: 0,
-                },
+                ubtrfs::fs::NewInode::file(0o644),
             )
             .unwrap()
             .id;

@@ -39,18 +39,36 @@ impl Filesystem {
         } else {
             flag
         };
-        w.blocks
-            .alloc
-            .groups
-            .values()
-            .filter(|g| g.flags & flag != 0)
-            .map(|g| g.flags & (BLOCK_GROUP_PROFILE_MASK | kept))
-            .max_by_key(|f| f & BLOCK_GROUP_PROFILE_MASK != 0)
-            .ok_or_else(|| {
-                Error::Unsupported(format!(
-                    "no existing {kind:?} block group to copy the profile of"
-                ))
+        // Groups that take allocations first: a sprout's seeds keep
+        // their own profiles, which its own devices may not hold.
+        let pick = |writable_only: bool| {
+            w.blocks
+                .alloc
+                .groups
+                .values()
+                .filter(|g| g.flags & flag != 0 && !(writable_only && g.read_only))
+                .map(|g| g.flags & (BLOCK_GROUP_PROFILE_MASK | kept))
+                .max_by_key(|f| f & BLOCK_GROUP_PROFILE_MASK != 0)
+        };
+        let flags = pick(true).or_else(|| pick(false)).ok_or_else(|| {
+            Error::Unsupported(format!(
+                "no existing {kind:?} block group to copy the profile of"
+            ))
+        })?;
+        // As the kernel reduces a profile to what the writable devices can
+        // hold: one that needs more of them falls back to single.
+        let writable = self
+            .chunk_tree()
+            .items_of(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY)?
+            .filter(|it| {
+                it.as_ref()
+                    .is_ok_and(|it| !self.tree_reader().volume().devices.is_seed(it.key().offset))
             })
+            .count();
+        if layout(Profile::from_flags(flags)?).devs_min > writable {
+            return Ok(flags & !BLOCK_GROUP_PROFILE_MASK);
+        }
+        Ok(flags)
     }
 
     fn device_space(&self) -> Result<Vec<DevSpace>> {
@@ -61,8 +79,8 @@ impl Filesystem {
         {
             let item = DevItem::parse(item?.data())?;
             let mut free = RangeSet::new();
-            // A seed (its item keeps the seed's id) takes no chunks.
-            let seed = item.fsid != self.superblock().fsid;
+            // A seed of a sprouted filesystem takes no chunks.
+            let seed = self.tree_reader().volume().devices.is_seed(item.devid);
             if item.total_bytes > DEV_RESERVED && !seed {
                 free.insert(DEV_RESERVED, item.total_bytes - DEV_RESERVED);
             }

@@ -105,6 +105,8 @@ impl Filesystem {
                 && fe.compression == COMPRESS_NONE
                 && fe.encryption == 0
                 && fe.generation > last_snapshot
+                // A seed is never written: its extents are copied on write.
+                && !self.tree_reader().volume().on_seed(disk_bytenr)
             {
                 let owner = DataOwner {
                     root: id.subvol,

@@ -26,6 +26,18 @@ pub struct NewInode {
     pub rdev: u64,
 }
 
+impl NewInode {
+    /// A regular file with permission bits `perm`, owned by root.
+    pub fn file(perm: u32) -> Self {
+        NewInode {
+            mode: libc::S_IFREG | (perm & 0o7777),
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+        }
+    }
+}
+
 pub(crate) fn check_name(name: &[u8]) -> Result<()> {
     if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0)
     {

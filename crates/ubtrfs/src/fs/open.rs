@@ -700,6 +700,9 @@ fn check_devices(
                     format!("{} (uuid {}{seed})", s.devid, uuid_string(&s.dev_uuid))
                 })
                 .collect();
+            // A device holding two stripes (DUP) is named once.
+            let mut gone = gone;
+            gone.dedup();
             return Err(Error::Devices(format!(
                 "device {} is missing and the {} chunk at logical {} has no complete copy without it; give every device of the filesystem",
                 gone.join(", "),

@@ -107,24 +107,34 @@ impl DeviceSet {
             let (sb, w) = scan_device(dev.as_ref())?;
             scanned.push((dev, sb, w));
         }
-        // The filesystem is the one of the devices that are not seeds,
-        // if any are not; seeds of other ids are its seeds.
-        let sprout = scanned.iter().find(|(_, sb, _)| !sb.is_seed());
-        let sprouted = sprout.is_some();
-        let main_fsid = sprout
-            .or(scanned.first())
+        // The filesystem is the one of the devices that are not seeds;
+        // given only seeds, the newest (a sprout made a seed in turn is
+        // newer than the seed under it). Seeds of other ids are its seeds
+        // (the chunk tree then says whether it was sprouted from them).
+        let main_fsid = scanned
+            .iter()
+            .find(|(_, sb, _)| !sb.is_seed())
+            .or_else(|| scanned.iter().max_by_key(|(_, sb, _)| sb.generation))
             .map(|(_, sb, _)| sb.fsid)
             .unwrap_or_default();
         let mut devices = BTreeMap::new();
         let mut warnings = Vec::new();
         let mut newest: Option<Superblock> = None;
         let mut seeds = Vec::new();
-        let insert = |devices: &mut BTreeMap<u64, Arc<dyn Device>>, devid, dev: Arc<dyn Device>| {
+        let insert = |devices: &mut BTreeMap<u64, Arc<dyn Device>>,
+                      devid,
+                      dev: Arc<dyn Device>,
+                      seed: bool| {
             if let Some(other) = devices.get(&devid) {
                 return Err(Error::Devices(format!(
-                    "{} and {} are both device {devid}",
+                    "{} and {} are both device {devid}{}",
                     other.path().display(),
-                    dev.path().display()
+                    dev.path().display(),
+                    if seed {
+                        ": give only the seed devices this filesystem was sprouted from"
+                    } else {
+                        ""
+                    }
                 )));
             }
             devices.insert(devid, dev);
@@ -135,10 +145,10 @@ impl DeviceSet {
             // A seed of a filesystem sprouted from it: the sprout's chunk
             // tree names it, its blocks carry its own id, and the sprout's
             // superblock is the one used.
-            if sprouted && sb.is_seed() && sb.fsid != main_fsid {
+            if sb.is_seed() && sb.fsid != main_fsid {
                 seeds.push((sb.dev_item.devid, sb.fsid));
                 let seed: Arc<dyn Device> = Arc::new(SeedDevice::new(dev));
-                insert(&mut devices, sb.dev_item.devid, seed)?;
+                insert(&mut devices, sb.dev_item.devid, seed, true)?;
                 continue;
             }
             if sb.fsid != main_fsid {
@@ -149,7 +159,7 @@ impl DeviceSet {
                     uuid_string(&main_fsid)
                 )));
             }
-            insert(&mut devices, sb.dev_item.devid, dev)?;
+            insert(&mut devices, sb.dev_item.devid, dev, false)?;
             if newest.as_ref().is_none_or(|n| sb.generation > n.generation) {
                 newest = Some(sb);
             }

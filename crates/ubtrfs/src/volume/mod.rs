@@ -34,6 +34,16 @@ impl Volume {
         }
     }
 
+    /// Whether the chunk holding `logical` lies on a seed device (of a
+    /// sprouted filesystem): never written.
+    pub fn on_seed(&self, logical: u64) -> bool {
+        !self.devices.seeds.is_empty()
+            && self
+                .chunks
+                .lookup(logical)
+                .is_ok_and(|c| c.item.stripes.iter().any(|s| self.devices.is_seed(s.devid)))
+    }
+
     /// How many ways there are to read the data at `logical`: its copies
     /// (1 unless mirrored), and in RAID5 one more (rebuilt with P), in
     /// RAID6 two more (rebuilt with P, or with Q), as the kernel counts.

@@ -571,9 +571,11 @@ impl FuseFs {
             // the mount, and the kernel drops its cached access time after
             // each such read by itself: no need to have it fetch every
             // attribute again (a round trip at the next read or fstat).
-            // Checked after the move: a read noted later was answered
-            // after it.
-            Ok(true) if dir || self.paged_set().contains(&id) => self.served.invalidate_attrs(ino),
+            // Not an empty file: no read of it reaches the mount. Checked
+            // after the move: a read noted later was answered after it.
+            Ok(true) if dir || st.size == 0 || self.paged_set().contains(&id) => {
+                self.served.invalidate_attrs(ino)
+            }
             Ok(_) => {}
             Err(e) => tracing::debug!("access time of inode {}: {e:?}", id.ino),
         }

@@ -3088,6 +3088,7 @@ fn first_reads_move_access_times_without_fetching_attributes() {
         )
         .unwrap();
     }
+    fs::write(m.path().join("empty"), b"").unwrap();
     m.unmount_cleanly();
     std::thread::sleep(Duration::from_millis(50));
 
@@ -3121,6 +3122,18 @@ fn first_reads_move_access_times_without_fetching_attributes() {
         assert!(atime(&md) > *was, "f{i}: the read did not move its atime");
         assert!(atime(&md) >= mtime(&md), "f{i}: atime before mtime");
     }
+
+    // Empty: no read reaches the mount, so the open has the kernel fetch
+    // the moved time (seen on the open descriptor, as in the kernel).
+    let empty = m.path().join("empty");
+    let before = atime(&fs::metadata(&empty).unwrap());
+    let mut f = File::open(&empty).unwrap();
+    assert_eq!(f.read(&mut [0u8; 16]).unwrap(), 0);
+    assert!(
+        atime(&f.metadata().unwrap()) > before,
+        "reading an empty file did not move its atime"
+    );
+    drop(f);
 
     // Written on this mount: its pages are cached, and read from there.
     let w = m.path().join("w");

@@ -550,6 +550,12 @@ fn a_full_filesystem_takes_holes_and_truncates_that_write_nothing() {
     // part of it rewrites it.
     let inline = fs.create(fs.root(), b"inline", file(0o644)).unwrap().id;
     fs.write(inline, 0, &[7u8; 100]).unwrap();
+    // Less than a sector: zeroed in place, the inline extent kept, as the
+    // kernel keeps it.
+    let short = fs.create(fs.root(), b"short", file(0o644)).unwrap().id;
+    fs.write(short, 0, &[7u8; 100]).unwrap();
+    fs.commit().unwrap();
+    fs.fallocate(short, punch, 0, 100).unwrap();
     fs.commit().unwrap();
     let fill = fs.create(fs.root(), b"fill", file(0o644)).unwrap().id;
     let mut at = 0u64;
@@ -603,6 +609,8 @@ fn a_full_filesystem_takes_holes_and_truncates_that_write_nothing() {
     }
     assert_eq!(fs.read_all(inline).unwrap(), vec![0u8; 100]);
     assert_eq!(fs.stat(inline).unwrap().nbytes, 0);
+    assert_eq!(fs.read_all(short).unwrap(), vec![0u8; 100]);
+    assert_eq!(fs.stat(short).unwrap().nbytes, 100);
     drop(fs);
     check(&imgs);
 }

@@ -248,14 +248,12 @@ impl Filesystem {
         let end = end.min(size.div_ceil(ss) * ss);
         let spans = self.spans(id)?;
         let inline = spans.iter().any(|s| s.kind == Kind::Inline);
-        // A hole over all of an inline extent's data drops the extent, as
+        // A hole over the whole first sector drops an inline extent, as
         // the kernel does: nothing is written, so a full filesystem takes
-        // it. (Not while a newer copy of the sector waits to be written.)
-        let inline_whole = offset == 0
-            && spans
-                .iter()
-                .any(|s| s.kind == Kind::Inline && end >= s.start + s.inline_len)
-            && self.delalloc().sector(id, 0).is_none();
+        // it (a shorter one zeroes bytes of it, as in the kernel). Not
+        // while a newer copy of the sector waits to be written.
+        let inline_whole =
+            inline && offset == 0 && end >= ss && self.delalloc().sector(id, 0).is_none();
         // The partial sectors at either end become dirty data: room for
         // them first. A hole of whole sectors writes none, so a full
         // filesystem takes it.

@@ -462,3 +462,51 @@ fn resize_through_a_mount() {
     assert!(std::fs::read(k.path().join("big")).unwrap() == data);
     k.unmount().unwrap();
 }
+
+/// `ubtrfs filesystem usage` of a filesystem the kernel sprouted from a
+/// seed (given with its seed) prints what `btrfs filesystem usage` prints
+/// on the kernel's mount of it: the seed's chunks count as allocated, the
+/// seed itself is not listed, and statfs leaves the seed's block groups
+/// out of the free space.
+#[test]
+fn filesystem_usage_of_a_sprout_shows_what_the_kernel_shows() {
+    require_privileged!();
+    let t = TestDir::new("filesystem-usage-sprout").unwrap();
+    let (seed, sprout) = (t.join("seed.img"), t.join("sprout.img"));
+    testkit::mkfs_file(&seed, 512 << 20, &[]).unwrap();
+    std::fs::File::create(&sprout)
+        .unwrap()
+        .set_len(512 << 20)
+        .unwrap();
+    let kmnt = t.join("kernel");
+    {
+        let m = Mount::new(std::slice::from_ref(&seed), &kmnt, "").unwrap();
+        std::fs::write(m.path().join("f"), vec![5u8; 300_000]).unwrap();
+        m.unmount().unwrap();
+    }
+    testkit::run(
+        std::process::Command::new("btrfstune")
+            .args(["-S", "1"])
+            .arg(&seed),
+    )
+    .unwrap();
+    {
+        let m = Mount::new(std::slice::from_ref(&seed), &kmnt, "").unwrap();
+        let added = testkit::Loop::attach(&sprout).unwrap();
+        testkit::run(
+            std::process::Command::new("btrfs")
+                .args(["device", "add", "-f"])
+                .arg(added.device())
+                .arg(m.path()),
+        )
+        .unwrap();
+        m.unmount().unwrap();
+        let _ = std::process::Command::new("btrfs")
+            .args(["device", "scan", "--forget"])
+            .arg(added.device())
+            .status();
+    }
+    let images = [sprout.clone(), seed.clone()];
+    let expected = kernel_usage(&images, &kmnt, true);
+    assert_eq!(ubtrfs_usage(&[&sprout, &seed], true), expected);
+}

@@ -224,7 +224,14 @@ fn usage_lines(u: &Usage, raw: bool) -> String {
             raw as f64 / logical as f64
         }
     };
-    let device_size: u64 = u.devices.iter().map(|d| d.total_bytes).sum();
+    // As the kernel's tool: a sprout's seeds are left out of the sizes,
+    // their chunks are not (all chunks count as allocated).
+    let device_size: u64 = u
+        .devices
+        .iter()
+        .filter(|d| !d.seed)
+        .map(|d| d.total_bytes)
+        .sum();
     let allocated: u64 = u
         .devices
         .iter()
@@ -367,14 +374,14 @@ fn usage_lines(u: &Usage, raw: bool) -> String {
             size(s.total),
             size(s.used)
         );
-        for d in &u.devices {
+        for d in u.devices.iter().filter(|d| !d.seed) {
             if let Some((_, b)) = d.allocated.iter().find(|(f, _)| *f == s.flags) {
                 out += &format!("   {}\t{:>10}\n", device_name(d), size(*b));
             }
         }
     }
     out += "\nUnallocated:\n";
-    for d in &u.devices {
+    for d in u.devices.iter().filter(|d| !d.seed) {
         let taken: u64 = d.allocated.iter().map(|(_, b)| b).sum();
         out += &format!(
             "   {}\t{:>10}\n",

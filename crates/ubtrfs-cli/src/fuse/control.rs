@@ -241,7 +241,7 @@ pub fn decode_space(buf: &[u8]) -> Option<Vec<SpaceInfo>> {
 /// `_IOR('u', 0xe4, [u8; USAGE_SIZE])`: what `ubtrfs filesystem usage`
 /// shows: the spaces as [`encode_space`] packs them, statfs's available
 /// bytes, then a `u32` count of devices, each with its id, size used,
-/// size, flags (bit 0: present), a `u32` count of (flags, bytes) pairs
+/// size, flags (bit 0: present, bit 1: a seed), a `u32` count of (flags, bytes) pairs
 /// of its chunks, those, and its path (`u32` length, bytes).
 pub const UBTRFS_IOC_USAGE: u32 =
     (2 << 30) | ((USAGE_SIZE as u32) << 16) | ((b'u' as u32) << 8) | 0xe4;
@@ -257,7 +257,7 @@ pub fn encode_usage(u: &Usage) -> Vec<u8> {
     let mut n = 0u32;
     for d in &u.devices {
         let mut rec = Vec::new();
-        let present = u64::from(d.path.is_some());
+        let present = u64::from(d.path.is_some()) | (u64::from(d.seed) << 1);
         for w in [d.devid, d.total_bytes, d.device_size, present] {
             rec.extend_from_slice(&w.to_le_bytes());
         }
@@ -322,6 +322,7 @@ pub fn decode_usage(buf: &[u8]) -> Option<Usage> {
             total_bytes,
             device_size,
             allocated,
+            seed: present & 2 != 0,
         });
     }
     Some(Usage {
@@ -519,6 +520,7 @@ mod tests {
                     total_bytes: 1 << 30,
                     device_size: (1 << 30) + 4096,
                     allocated: vec![(1, 8 << 20), (4 | 32, 64 << 20)],
+                    seed: false,
                 },
                 DeviceUsage {
                     devid: 3,
@@ -526,6 +528,7 @@ mod tests {
                     total_bytes: 2 << 30,
                     device_size: 0,
                     allocated: vec![],
+                    seed: true,
                 },
             ],
             statfs_free: 12345,

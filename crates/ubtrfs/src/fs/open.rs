@@ -468,10 +468,15 @@ impl Filesystem {
     /// device items, counted as for a writable one.
     fn read_only_space(&self, reserve: u64) -> Option<(u64, u64, u64)> {
         let items = self.block_group_items().ok()?;
+        // Not a sprout's seed groups: nothing is written there.
+        let volume = self.tree_reader().volume();
         let data_free = items
             .iter()
-            .filter(|(flags, _, _)| flags & BLOCK_GROUP_DATA != 0)
-            .fold(0u64, |a, (_, len, used)| {
+            .zip(volume.chunks.all())
+            .filter(|((flags, _, _), c)| {
+                flags & BLOCK_GROUP_DATA != 0 && !volume.on_seed(c.logical)
+            })
+            .fold(0u64, |a, ((_, len, used), _)| {
                 a.saturating_add(len.saturating_sub(*used))
             });
         let groups: Vec<(u64, u64)> = items

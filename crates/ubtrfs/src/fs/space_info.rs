@@ -156,6 +156,10 @@ pub struct DeviceUsage {
     pub device_size: u64,
     /// Bytes of it in chunks, per block group flags (type and profile).
     pub allocated: Vec<(u64, u64)>,
+    /// A seed of this sprouted filesystem: its chunks count as
+    /// allocated, but `btrfs filesystem usage` shows neither it nor its
+    /// size (the kernel lists only the filesystem's own devices).
+    pub seed: bool,
 }
 
 /// Everything `btrfs filesystem usage` shows.
@@ -188,6 +192,7 @@ impl Filesystem {
                 total_bytes: item.total_bytes,
                 device_size: dev.map_or(0, |d| d.size()),
                 allocated: Vec::new(),
+                seed: self.tree_reader().volume().devices.is_seed(item.devid),
             });
         }
         devices.sort_by_key(|d| d.devid);

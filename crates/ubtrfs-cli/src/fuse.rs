@@ -2101,6 +2101,22 @@ impl FuseFs {
                     .map(|()| Vec::new())
             });
         }
+        if cmd == FS_IOC_SETFSLABEL {
+            // As in the kernel: CAP_SYS_ADMIN; commits, so on a thread that
+            // serves no requests.
+            if !caller_access::Credentials::is_admin(req.uid(), req.pid()) {
+                return reply.error(Errno::EPERM);
+            }
+            let Some(raw) = in_data.get(..256) else {
+                return reply.error(Errno::EINVAL);
+            };
+            let label = raw[..raw.iter().position(|&c| c == 0).unwrap_or(raw.len())].to_vec();
+            return self.on_own_thread(reply, move |me| {
+                me.served
+                    .write_committing("label", |fs| fs.set_label(&label))
+                    .map(|()| Vec::new())
+            });
+        }
         if cmd == subvol_info::BTRFS_IOC_SET_RECEIVED_SUBVOL {
             // Commits: on a thread that serves no requests, as above.
             let caller = *req;
@@ -2162,6 +2178,11 @@ impl FuseFs {
                     flags |= control::FLAG_URING;
                 }
                 reply.ioctl(0, &self.stats.reply(flags))
+            }
+            FS_IOC_GETFSLABEL => {
+                let mut out = self.served.read(|fs| fs.label()).into_bytes();
+                out.resize(256, 0);
+                reply.ioctl(0, &out)
             }
             FS_IOC_GETFLAGS => match self.served.read(|fs| fs.stat(id)) {
                 Ok(st) => reply.ioctl(0, &to_fs_flags(st.flags).to_le_bytes()),
@@ -2682,6 +2703,10 @@ fn caller_umask(pid: u32) -> Option<u32> {
 
 /// `FITRIM`, `_IOWR('X', 121, struct fstrim_range)`: trim free space.
 const FITRIM: u32 = 0xC018_5879;
+/// `FS_IOC_GETFSLABEL` / `FS_IOC_SETFSLABEL` (`btrfs filesystem label`:
+/// 256 bytes, NUL-padded).
+const FS_IOC_GETFSLABEL: u32 = 0x8100_9431;
+const FS_IOC_SETFSLABEL: u32 = 0x4100_9432;
 /// `FS_IOC_GETFLAGS` / `FS_IOC_SETFLAGS` (the long-sized encoding).
 const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
 const FS_IOC_SETFLAGS: u32 = 0x4008_6602;

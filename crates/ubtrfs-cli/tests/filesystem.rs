@@ -510,3 +510,85 @@ fn filesystem_usage_of_a_sprout_shows_what_the_kernel_shows() {
     let expected = kernel_usage(&images, &kmnt, true);
     assert_eq!(ubtrfs_usage(&[&sprout, &seed], true), expected);
 }
+
+/// `ubtrfs filesystem label`: shown and set on an image and through a
+/// mount; btrfs-progs and the kernel's mount see what ubtrfs set, and the
+/// image stays consistent (a commit that writes only the superblocks
+/// still writes the root tree's root block it names).
+#[test]
+fn filesystem_label_is_shown_and_set_as_the_kernel_sees_it() {
+    require_privileged!();
+    let t = TestDir::new("filesystem-label").unwrap();
+    let img = t.join("disk.img");
+    testkit::mkfs_file(&img, 512 << 20, &["-L", "first"]).unwrap();
+    let label = |arg: &Path| {
+        let out = ubtrfs(["filesystem".as_ref(), "label".as_ref(), arg.as_os_str()]);
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).trim_end().to_string()
+    };
+    let progs = |img: &Path| {
+        testkit::run(Command::new("btrfs").args(["filesystem", "label"]).arg(img))
+            .unwrap()
+            .trim_end()
+            .to_string()
+    };
+    assert_eq!(label(&img), "first");
+    let out = ubtrfs([
+        "filesystem".as_ref(),
+        "label".as_ref(),
+        "--set".as_ref(),
+        "second one".as_ref(),
+        img.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(label(&img), "second one");
+    assert_eq!(progs(&img), "second one");
+    common::check_image(&img);
+    // Too long: refused by name, nothing changed.
+    let long = "x".repeat(256);
+    let out = ubtrfs([
+        "filesystem".as_ref(),
+        "label".as_ref(),
+        "-s".as_ref(),
+        long.as_ref(),
+        img.as_os_str(),
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at most 255 bytes"));
+    assert_eq!(progs(&img), "second one");
+
+    let mnt = t.join("fuse");
+    let m = UbtrfsMount::start(
+        Path::new(common::ubtrfs_bin()),
+        std::slice::from_ref(&img),
+        &mnt,
+        &[],
+    )
+    .unwrap();
+    assert_eq!(label(m.path()), "second one");
+    let out = ubtrfs([
+        "filesystem".as_ref(),
+        "label".as_ref(),
+        "-s".as_ref(),
+        "third".as_ref(),
+        m.path().as_os_str(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(label(m.path()), "third");
+    m.unmount().unwrap();
+    assert_eq!(progs(&img), "third");
+    common::check_image(&img);
+    let kmnt = t.join("kernel");
+    let k = Mount::new(std::slice::from_ref(&img), &kmnt, "ro").unwrap();
+    assert_eq!(
+        testkit::run(
+            Command::new("btrfs")
+                .args(["filesystem", "label"])
+                .arg(k.path())
+        )
+        .unwrap()
+        .trim_end(),
+        "third"
+    );
+    k.unmount().unwrap();
+}

@@ -21,6 +21,23 @@ pub enum Command {
     Usage(UsageArgs),
     /// Grow or shrink the part of a device the filesystem uses.
     Resize(ResizeArgs),
+    /// Show or set the filesystem's label.
+    Label(LabelArgs),
+}
+
+/// Arguments of `filesystem label`.
+#[derive(clap::Args, Debug)]
+#[command(after_help = "\
+Prints the label (what `btrfs filesystem label` prints), or with --set \
+writes a new one (at most 255 bytes) to every device's superblock and \
+commits, as the kernel does; on a mount, root only.")]
+pub struct LabelArgs {
+    /// The new label ("" clears it).
+    #[arg(short, long, value_name = "LABEL")]
+    set: Option<String>,
+    /// The filesystem's devices (all of them), or a path in a ubtrfs mount.
+    #[arg(value_name = "DEVICE|PATH", required = true)]
+    args: Vec<PathBuf>,
 }
 
 /// Arguments of `filesystem resize`.
@@ -107,6 +124,16 @@ pub fn run(command: Command) -> Result<()> {
             }
             Ok(())
         }
+        Command::Label(a) => {
+            match (&a.args[..], &a.set) {
+                ([dir], set) if dir.is_dir() => label_mount(dir, set.as_deref())?,
+                (devices, Some(label)) => super::open_fs_rw(devices)?
+                    .set_label(label.as_bytes())
+                    .context("setting the label")?,
+                (devices, None) => println!("{}", super::open_fs(devices)?.label()),
+            }
+            Ok(())
+        }
         Command::Usage(a) => {
             let usage = match &a.args[..] {
                 [dir] if dir.is_dir() => usage_from_mount(dir)?,
@@ -118,6 +145,44 @@ pub fn run(command: Command) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// Print the label of the mount at `dir`, or set it
+/// (`FS_IOC_GETFSLABEL`, `FS_IOC_SETFSLABEL`, as btrfs-progs sends them).
+fn label_mount(dir: &Path, set: Option<&str>) -> Result<()> {
+    super::umount::server_info(dir)
+        .map_err(|e| anyhow::anyhow!("{}: not in a ubtrfs mount ({e})", dir.display()))?;
+    let f = std::fs::File::open(dir).with_context(|| dir.display().to_string())?;
+    let mut buf = [0u8; 256];
+    let cmd: u64 = match set {
+        Some(label) => {
+            if label.len() > 255 || label.contains('\0') {
+                bail!("a label is at most 255 bytes with no NUL");
+            }
+            buf[..label.len()].copy_from_slice(label.as_bytes());
+            0x4100_9432
+        }
+        None => 0x8100_9431,
+    };
+    // SAFETY: the ioctl reads or writes the 256 bytes its number encodes.
+    let rc = unsafe { libc::ioctl(f.as_raw_fd(), cmd as _, buf.as_mut_ptr()) };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        bail!(
+            "{} of {}: {e}",
+            if set.is_some() {
+                "setting the label"
+            } else {
+                "the label"
+            },
+            dir.display()
+        );
+    }
+    if set.is_none() {
+        let len = buf.iter().position(|&c| c == 0).unwrap_or(buf.len());
+        println!("{}", String::from_utf8_lossy(&buf[..len]));
+    }
+    Ok(())
 }
 
 /// Have the mount at `dir` resize (`BTRFS_IOC_RESIZE`, as btrfs-progs

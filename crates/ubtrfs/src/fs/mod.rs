@@ -7,6 +7,7 @@ mod attr;
 pub mod dir;
 mod flags;
 mod inode;
+mod label;
 mod links;
 mod namespace;
 mod open;

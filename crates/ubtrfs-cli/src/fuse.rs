@@ -2180,7 +2180,7 @@ impl FuseFs {
                 reply.ioctl(0, &self.stats.reply(flags))
             }
             FS_IOC_GETFSLABEL => {
-                let mut out = self.served.read(|fs| fs.label()).into_bytes();
+                let mut out = self.served.read(|fs| fs.label_bytes());
                 out.resize(256, 0);
                 reply.ioctl(0, &out)
             }

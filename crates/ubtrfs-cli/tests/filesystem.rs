@@ -575,6 +575,33 @@ fn filesystem_label_is_shown_and_set_as_the_kernel_sees_it() {
     ]);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(label(m.path()), "third");
+    // Any bytes but NUL, as the kernel takes them, shown as they are.
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let raw = std::ffi::OsStr::from_bytes(b"caf\xe9");
+        let out = ubtrfs([
+            "filesystem".as_ref(),
+            "label".as_ref(),
+            "-s".as_ref(),
+            raw,
+            m.path().as_os_str(),
+        ]);
+        assert!(out.status.success(), "{out:?}");
+        let out = ubtrfs([
+            "filesystem".as_ref(),
+            "label".as_ref(),
+            m.path().as_os_str(),
+        ]);
+        assert_eq!(out.stdout, b"caf\xe9\n");
+        let out = ubtrfs([
+            "filesystem".as_ref(),
+            "label".as_ref(),
+            "-s".as_ref(),
+            "third".as_ref(),
+            m.path().as_os_str(),
+        ]);
+        assert!(out.status.success(), "{out:?}");
+    }
     m.unmount().unwrap();
     assert_eq!(progs(&img), "third");
     common::check_image(&img);

@@ -32,9 +32,9 @@ Prints the label (what `btrfs filesystem label` prints), or with --set \
 writes a new one (at most 255 bytes) to every device's superblock and \
 commits, as the kernel does; on a mount, root only.")]
 pub struct LabelArgs {
-    /// The new label ("" clears it).
+    /// The new label ("" clears it; any bytes but NUL).
     #[arg(short, long, value_name = "LABEL")]
-    set: Option<String>,
+    set: Option<std::ffi::OsString>,
     /// The filesystem's devices (all of them), or a path in a ubtrfs mount.
     #[arg(value_name = "DEVICE|PATH", required = true)]
     args: Vec<PathBuf>,
@@ -125,12 +125,14 @@ pub fn run(command: Command) -> Result<()> {
             Ok(())
         }
         Command::Label(a) => {
-            match (&a.args[..], &a.set) {
-                ([dir], set) if dir.is_dir() => label_mount(dir, set.as_deref())?,
+            use std::os::unix::ffi::OsStrExt;
+            let set = a.set.as_deref().map(|l| l.as_bytes());
+            match (&a.args[..], set) {
+                ([dir], set) if dir.is_dir() => label_mount(dir, set)?,
                 (devices, Some(label)) => super::open_fs_rw(devices)?
-                    .set_label(label.as_bytes())
+                    .set_label(label)
                     .context("setting the label")?,
-                (devices, None) => println!("{}", super::open_fs(devices)?.label()),
+                (devices, None) => print_label(&super::open_fs(devices)?.label_bytes())?,
             }
             Ok(())
         }
@@ -149,17 +151,17 @@ pub fn run(command: Command) -> Result<()> {
 
 /// Print the label of the mount at `dir`, or set it
 /// (`FS_IOC_GETFSLABEL`, `FS_IOC_SETFSLABEL`, as btrfs-progs sends them).
-fn label_mount(dir: &Path, set: Option<&str>) -> Result<()> {
+fn label_mount(dir: &Path, set: Option<&[u8]>) -> Result<()> {
     super::umount::server_info(dir)
         .map_err(|e| anyhow::anyhow!("{}: not in a ubtrfs mount ({e})", dir.display()))?;
     let f = std::fs::File::open(dir).with_context(|| dir.display().to_string())?;
     let mut buf = [0u8; 256];
     let cmd: u64 = match set {
         Some(label) => {
-            if label.len() > 255 || label.contains('\0') {
+            if label.len() > 255 || label.contains(&0) {
                 bail!("a label is at most 255 bytes with no NUL");
             }
-            buf[..label.len()].copy_from_slice(label.as_bytes());
+            buf[..label.len()].copy_from_slice(label);
             0x4100_9432
         }
         None => 0x8100_9431,
@@ -180,8 +182,17 @@ fn label_mount(dir: &Path, set: Option<&str>) -> Result<()> {
     }
     if set.is_none() {
         let len = buf.iter().position(|&c| c == 0).unwrap_or(buf.len());
-        println!("{}", String::from_utf8_lossy(&buf[..len]));
+        print_label(&buf[..len])?;
     }
+    Ok(())
+}
+
+/// Print a label's bytes as they are (as btrfs-progs does), and a newline.
+fn print_label(label: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(label)?;
+    out.write_all(b"\n")?;
     Ok(())
 }
 

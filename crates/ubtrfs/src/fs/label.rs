@@ -10,18 +10,27 @@ const LABEL_AT: usize = 0x12b;
 const LABEL_ROOM: usize = 256;
 
 impl Filesystem {
-    /// The filesystem's label: as the last commit (or [`Self::set_label`])
-    /// left it.
-    pub fn label(&self) -> String {
+    /// The filesystem's label, its bytes as they are (the kernel takes any
+    /// but NUL): as the last commit (or [`Self::set_label`]) left it.
+    pub fn label_bytes(&self) -> Vec<u8> {
+        let room = |raw: &[u8]| {
+            let b = &raw[LABEL_AT..LABEL_AT + LABEL_ROOM];
+            let len = b.iter().position(|&c| c == 0).unwrap_or(b.len() - 1);
+            b[..len].to_vec()
+        };
         if let Some(w) = &self.writer {
             let w = w.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(raw) = w.dev_supers.values().next() {
-                let b = &raw[LABEL_AT..LABEL_AT + LABEL_ROOM];
-                let len = b.iter().position(|&c| c == 0).unwrap_or(b.len());
-                return String::from_utf8_lossy(&b[..len]).into_owned();
+                return room(&raw[..]);
             }
         }
-        self.superblock().label.clone()
+        room(&self.superblock().raw[..])
+    }
+
+    /// [`Self::label_bytes`] as text (bytes that are not UTF-8 shown as
+    /// U+FFFD).
+    pub fn label(&self) -> String {
+        String::from_utf8_lossy(&self.label_bytes()).into_owned()
     }
 
     /// Set the label (at most 255 bytes, no NUL) on every device and

@@ -41,6 +41,7 @@ pub mod model;
 mod mount;
 pub mod populate;
 pub mod scratch_fs;
+mod seed;
 pub mod snapshot;
 pub mod sys;
 mod tmp;
@@ -58,4 +59,5 @@ pub use corpus::{
 pub use generate::{GenSummary, Rng, TreeSpec, gen_tree, xorshift_bytes};
 pub use loopdev::Loop;
 pub use mount::{Mount, dmesg_tail, umount};
+pub use seed::sprout_from;
 pub use tmp::{TestDir, base_dir, is_mount_point, mounts_below, sparse_file, unmount_below};

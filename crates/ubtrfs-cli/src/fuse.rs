@@ -208,7 +208,9 @@ pub struct FuseFs {
     /// Files whose pages the kernel may hold: read through the mount or
     /// opened for writing since the kernel last forgot them. Reads of the
     /// others reach the mount (see [`FuseFs::note_access`]).
-    paged: Arc<std::sync::Mutex<std::collections::HashSet<InodeId>>>,
+    /// Read-locked on every READ: only the first read since a FORGET
+    /// takes the write lock.
+    paged: Arc<std::sync::RwLock<std::collections::HashSet<InodeId>>>,
     /// Long writes waiting for writeback room, once the session started.
     deferred: Arc<OnceLock<deferred::DeferredWrites>>,
     /// Whether to ask the kernel for FUSE over io_uring.
@@ -316,7 +318,10 @@ impl FuseFs {
     pub(super) fn on_forget(&self, ino: INodeNo, nlookup: u64) {
         let id = self.inode_of(ino);
         // The kernel's inode went, and its page cache with it.
-        self.paged_set().remove(&id);
+        self.paged
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
         if self.held().remove(&id)
             && let Err(e) = self.served.write(|fs| fs.release_inode(id).map_err(errno))
         {
@@ -573,7 +578,7 @@ impl FuseFs {
             // attribute again (a round trip at the next read or fstat).
             // Not an empty file: no read of it reaches the mount. Checked
             // after the move: a read noted later was answered after it.
-            Ok(true) if dir || st.size == 0 || self.paged_set().contains(&id) => {
+            Ok(true) if dir || st.size == 0 || self.is_paged(id) => {
                 self.served.invalidate_attrs(ino)
             }
             Ok(_) => {}
@@ -602,13 +607,21 @@ impl FuseFs {
         self.agreed.posix_acl.load(Ordering::Relaxed)
     }
 
-    fn paged_set(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<InodeId>> {
-        self.paged.lock().unwrap_or_else(|e| e.into_inner())
+    fn is_paged(&self, id: InodeId) -> bool {
+        self.paged
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&id)
     }
 
     /// The kernel may cache pages of `id` from now on (see `paged`).
     fn note_paged(&self, id: InodeId) {
-        self.paged_set().insert(id);
+        if !self.is_paged(id) {
+            self.paged
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id);
+        }
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<InodeId>> {

@@ -103,7 +103,7 @@ fn filesystem_df_shows_what_the_kernel_shows() {
 
     // Written by a ubtrfs mount, asked through it once committed.
     let mnt = t.join("fuse");
-    let m = UbtrfsMount::start(Path::new(common::ubtrfs_bin()), &devices, &mnt, &[]).unwrap();
+    let m = mount(&devices, &mnt);
     std::fs::write(m.path().join("more"), vec![9u8; 40 << 20]).unwrap();
     for i in 0..2000 {
         std::fs::write(m.path().join(format!("g{i}")), vec![1u8; 3000]).unwrap();
@@ -160,13 +160,7 @@ fn global_reserve_follows_the_trees() {
     assert_eq!(ubtrfs_df(&[&img], true), expected, "of the image");
 
     let mnt = t.join("fuse");
-    let m = UbtrfsMount::start(
-        Path::new(common::ubtrfs_bin()),
-        std::slice::from_ref(&img),
-        &mnt,
-        &[],
-    )
-    .unwrap();
+    let m = mount(std::slice::from_ref(&img), &mnt);
     write(m.path(), "u");
     let out = ubtrfs(["sync".as_ref(), m.path().as_os_str()]);
     assert!(out.status.success());
@@ -265,7 +259,7 @@ fn filesystem_usage_shows_what_the_kernel_shows() {
         }
 
         let mnt = t.join("fuse");
-        let m = UbtrfsMount::start(Path::new(common::ubtrfs_bin()), images, &mnt, &[]).unwrap();
+        let m = mount(images, &mnt);
         std::fs::write(m.path().join("more"), vec![9u8; 40 << 20]).unwrap();
         for i in 0..2000 {
             std::fs::write(m.path().join(format!("g{i}")), [2u8; 5000]).unwrap();
@@ -399,13 +393,7 @@ fn resize_through_a_mount() {
     let img = t.join("disk.img");
     testkit::mkfs_file(&img, 256 << 20, &[]).unwrap();
     let mnt = t.join("fuse");
-    let m = UbtrfsMount::start(
-        Path::new(common::ubtrfs_bin()),
-        std::slice::from_ref(&img),
-        &mnt,
-        &[],
-    )
-    .unwrap();
+    let m = mount(std::slice::from_ref(&img), &mnt);
     let size = |p: &Path| {
         let out = Command::new("stat")
             .args(["-f", "-c", "%S %b"])
@@ -484,28 +472,7 @@ fn filesystem_usage_of_a_sprout_shows_what_the_kernel_shows() {
         std::fs::write(m.path().join("f"), vec![5u8; 300_000]).unwrap();
         m.unmount().unwrap();
     }
-    testkit::run(
-        std::process::Command::new("btrfstune")
-            .args(["-S", "1"])
-            .arg(&seed),
-    )
-    .unwrap();
-    {
-        let m = Mount::new(std::slice::from_ref(&seed), &kmnt, "").unwrap();
-        let added = testkit::Loop::attach(&sprout).unwrap();
-        testkit::run(
-            std::process::Command::new("btrfs")
-                .args(["device", "add", "-f"])
-                .arg(added.device())
-                .arg(m.path()),
-        )
-        .unwrap();
-        m.unmount().unwrap();
-        let _ = std::process::Command::new("btrfs")
-            .args(["device", "scan", "--forget"])
-            .arg(added.device())
-            .status();
-    }
+    testkit::sprout_from(&[&seed], &sprout, &kmnt, |_| {}).unwrap();
     let images = [sprout.clone(), seed.clone()];
     let expected = kernel_usage(&images, &kmnt, true);
     assert_eq!(ubtrfs_usage(&[&sprout, &seed], true), expected);
@@ -558,13 +525,7 @@ fn filesystem_label_is_shown_and_set_as_the_kernel_sees_it() {
     assert_eq!(progs(&img), "second one");
 
     let mnt = t.join("fuse");
-    let m = UbtrfsMount::start(
-        Path::new(common::ubtrfs_bin()),
-        std::slice::from_ref(&img),
-        &mnt,
-        &[],
-    )
-    .unwrap();
+    let m = mount(std::slice::from_ref(&img), &mnt);
     assert_eq!(label(m.path()), "second one");
     let out = ubtrfs([
         "filesystem".as_ref(),
@@ -618,4 +579,9 @@ fn filesystem_label_is_shown_and_set_as_the_kernel_sees_it() {
         "third"
     );
     k.unmount().unwrap();
+}
+
+/// A read-write ubtrfs mount of `images` at `mnt`.
+fn mount(images: &[PathBuf], mnt: &Path) -> UbtrfsMount {
+    UbtrfsMount::start(Path::new(common::ubtrfs_bin()), images, mnt, &[]).unwrap()
 }

@@ -41,9 +41,10 @@ fn a_filesystem_sprouted_from_a_seed_is_read_and_written_and_the_seed_never() {
         std::fs::write(m.path().join("nocow"), vec![3u8; 1 << 20]).unwrap();
         m.unmount().unwrap();
     }
-    sprout_from(&[&seed], &sprout, &mnt, |m| {
+    testkit::sprout_from(&[&seed], &sprout, &mnt, |m| {
         std::fs::write(m.join("g"), b"sprouted").unwrap();
-    });
+    })
+    .unwrap();
     let seed_before = std::fs::read(&seed).unwrap();
     // Read, the seed given first or last.
     for order in [[&seed, &sprout], [&sprout, &seed]] {
@@ -154,50 +155,6 @@ fn read(fs: &Filesystem, path: &[u8]) -> Vec<u8> {
     fs.read_all(fs.resolve_path(path).unwrap()).unwrap()
 }
 
-/// Make the filesystem on `seeds` a seed and sprout it onto `sprout` with
-/// the kernel: the seed mounted (read-only, as the kernel mounts seeds), a
-/// device added, the mount made writable; then `write` into it.
-fn sprout_from(
-    seeds: &[&std::path::Path],
-    sprout: &std::path::Path,
-    mnt: &std::path::Path,
-    write: impl FnOnce(&std::path::Path),
-) {
-    {
-        // btrfstune finds the other devices of a filesystem by a scan.
-        let loops: Vec<Loop> = seeds.iter().map(|s| Loop::attach(s).unwrap()).collect();
-        let devs: Vec<_> = loops.iter().map(|l| l.device()).collect();
-        testkit::run(Command::new("btrfs").args(["device", "scan"]).args(&devs)).unwrap();
-        let tuned = testkit::run(Command::new("btrfstune").args(["-S", "1"]).arg(devs[0]));
-        let _ = Command::new("btrfs")
-            .args(["device", "scan", "--forget"])
-            .args(&devs)
-            .status();
-        tuned.unwrap();
-    }
-    let m = Mount::new(seeds, mnt, "").unwrap();
-    let added = Loop::attach(sprout).unwrap();
-    testkit::run(
-        Command::new("btrfs")
-            .args(["device", "add", "-f"])
-            .arg(added.device())
-            .arg(m.path()),
-    )
-    .unwrap();
-    testkit::run(
-        Command::new("mount")
-            .args(["-o", "remount,rw"])
-            .arg(m.path()),
-    )
-    .unwrap();
-    write(m.path());
-    m.unmount().unwrap();
-    let _ = Command::new("btrfs")
-        .args(["device", "scan", "--forget"])
-        .arg(added.device())
-        .status();
-}
-
 /// A seed on two devices in RAID1, sprouted onto one: the sprout's own
 /// device cannot hold RAID1, so new chunks are single there, as the
 /// kernel reduces a profile to the writable devices (copying the seed's
@@ -240,7 +197,7 @@ fn a_sprout_of_a_raid1_seed_grows_in_what_its_own_device_holds() {
         std::fs::write(m.path().join("s"), b"seeded").unwrap();
         m.unmount().unwrap();
     }
-    sprout_from(&[&imgs[0], &imgs[1]], &imgs[2], &mnt, |_| {});
+    testkit::sprout_from(&[&imgs[0], &imgs[1]], &imgs[2], &mnt, |_| {}).unwrap();
     let seeds_before = [
         std::fs::read(&imgs[0]).unwrap(),
         std::fs::read(&imgs[1]).unwrap(),

@@ -152,9 +152,6 @@ pub fn run(command: Command) -> Result<()> {
 /// Print the label of the mount at `dir`, or set it
 /// (`FS_IOC_GETFSLABEL`, `FS_IOC_SETFSLABEL`, as btrfs-progs sends them).
 fn label_mount(dir: &Path, set: Option<&[u8]>) -> Result<()> {
-    super::umount::server_info(dir)
-        .map_err(|e| anyhow::anyhow!("{}: not in a ubtrfs mount ({e})", dir.display()))?;
-    let f = std::fs::File::open(dir).with_context(|| dir.display().to_string())?;
     let mut buf = [0u8; 256];
     let cmd: u64 = match set {
         Some(label) => {
@@ -166,19 +163,13 @@ fn label_mount(dir: &Path, set: Option<&[u8]>) -> Result<()> {
         }
         None => 0x8100_9431,
     };
-    // SAFETY: the ioctl reads or writes the 256 bytes its number encodes.
-    let rc = unsafe { libc::ioctl(f.as_raw_fd(), cmd as _, buf.as_mut_ptr()) };
-    if rc != 0 {
-        let e = std::io::Error::last_os_error();
-        bail!(
-            "{} of {}: {e}",
-            if set.is_some() {
-                "setting the label"
-            } else {
-                "the label"
-            },
-            dir.display()
-        );
+    if let Err(e) = mount_ioctl(dir, cmd, &mut buf)? {
+        let what = if set.is_some() {
+            "setting the label"
+        } else {
+            "the label"
+        };
+        bail!("{what} of {}: {e}", dir.display());
     }
     if set.is_none() {
         let len = buf.iter().position(|&c| c == 0).unwrap_or(buf.len());
@@ -199,33 +190,18 @@ fn print_label(label: &[u8]) -> Result<()> {
 /// Have the mount at `dir` resize (`BTRFS_IOC_RESIZE`, as btrfs-progs
 /// sends it).
 fn resize_mount(dir: &Path, size: &str) -> Result<()> {
-    super::umount::server_info(dir)
-        .map_err(|e| anyhow::anyhow!("{}: not in a ubtrfs mount ({e})", dir.display()))?;
-    let f = std::fs::File::open(dir).with_context(|| dir.display().to_string())?;
     // struct btrfs_ioctl_vol_args: a descriptor (unused), then the text.
     let mut args = vec![0u8; 4096];
     if size.len() >= args.len() - 8 {
         bail!("resize: {size:?} is too long");
     }
     args[8..8 + size.len()].copy_from_slice(size.as_bytes());
-    // SAFETY: the ioctl reads at most the 4096 bytes its number encodes.
-    let rc = unsafe {
-        libc::ioctl(
-            f.as_raw_fd(),
-            crate::fuse::BTRFS_IOC_RESIZE as _,
-            args.as_ptr(),
+    mount_ioctl(dir, crate::fuse::BTRFS_IOC_RESIZE.into(), &mut args)?.with_context(|| {
+        format!(
+            "resizing {} to {size} (the mount process logs why)",
+            dir.display()
         )
-    };
-    if rc != 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(e).with_context(|| {
-            format!(
-                "resizing {} to {size} (the mount process logs why)",
-                dir.display()
-            )
-        });
-    }
-    Ok(())
+    })
 }
 
 /// Ask the mount at `dir` (`UBTRFS_IOC_USAGE`).
@@ -239,21 +215,31 @@ fn usage_from_mount(dir: &Path) -> Result<Usage> {
 /// Send the mount at `dir` the read ioctl `cmd`, whose reply is `size`
 /// bytes (`what` it tells, for messages).
 fn ask_mount(dir: &Path, cmd: u32, size: usize, what: &str) -> Result<Vec<u8>> {
-    super::umount::server_info(dir)
-        .map_err(|e| anyhow::anyhow!("{}: not in a ubtrfs mount ({e})", dir.display()))?;
-    let f = std::fs::File::open(dir).with_context(|| dir.display().to_string())?;
     let mut buf = vec![0u8; size];
-    // SAFETY: the ioctl writes at most the size its number encodes, which
-    // is the buffer's.
-    let rc = unsafe { libc::ioctl(f.as_raw_fd(), cmd as _, buf.as_mut_ptr()) };
-    if rc != 0 {
-        let e = std::io::Error::last_os_error();
+    if let Err(e) = mount_ioctl(dir, cmd.into(), &mut buf)? {
         if e.raw_os_error() == Some(libc::ENOTTY) {
             bail!("{}: the mount is too old to tell its {what}", dir.display());
         }
         return Err(e).with_context(|| format!("asking {} for its {what}", dir.display()));
     }
     Ok(buf)
+}
+
+/// Send the ubtrfs mount at `dir` the ioctl `cmd` on `buf`, which must be
+/// as long as `cmd` encodes. The outer error: `dir` is no ubtrfs mount;
+/// the inner one: the ioctl's.
+fn mount_ioctl(dir: &Path, cmd: u64, buf: &mut [u8]) -> Result<std::io::Result<()>> {
+    super::umount::server_info(dir)
+        .map_err(|e| anyhow::anyhow!("{}: not in a ubtrfs mount ({e})", dir.display()))?;
+    let f = std::fs::File::open(dir).with_context(|| dir.display().to_string())?;
+    // SAFETY: the ioctl reads and writes at most the size its number
+    // encodes, which is the buffer's (the callers' duty).
+    let rc = unsafe { libc::ioctl(f.as_raw_fd(), cmd as _, buf.as_mut_ptr()) };
+    Ok(if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    })
 }
 
 /// The name of a block group type, as btrfs-progs prints it.

@@ -472,17 +472,11 @@ impl Filesystem {
         let volume = self.tree_reader().volume();
         let data_free = items
             .iter()
-            .zip(volume.chunks.all())
-            .filter(|((flags, _, _), c)| {
-                flags & BLOCK_GROUP_DATA != 0 && !volume.on_seed(c.logical)
-            })
-            .fold(0u64, |a, ((_, len, used), _)| {
-                a.saturating_add(len.saturating_sub(*used))
+            .filter(|g| g.flags & BLOCK_GROUP_DATA != 0 && !volume.on_seed(g.logical))
+            .fold(0u64, |a, g| {
+                a.saturating_add(g.length.saturating_sub(g.used))
             });
-        let groups: Vec<(u64, u64)> = items
-            .iter()
-            .map(|&(flags, _, used)| (flags, used))
-            .collect();
+        let groups: Vec<(u64, u64)> = items.iter().map(|g| (g.flags, g.used)).collect();
         self.space_figures(&groups, data_free, reserve)
     }
 

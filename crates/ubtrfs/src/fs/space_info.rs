@@ -116,12 +116,15 @@ impl Filesystem {
                 .map(|g| (g.flags, g.len, g.live_used()))
                 .collect());
         }
-        self.block_group_items()
+        Ok(self
+            .block_group_items()?
+            .into_iter()
+            .map(|g| (g.flags, g.length, g.used))
+            .collect())
     }
 
-    /// (flags, length, used) of every chunk's block group item (one
-    /// lookup per chunk).
-    pub(crate) fn block_group_items(&self) -> Result<Vec<(u64, u64, u64)>> {
+    /// Every chunk's block group item as committed (one lookup per chunk).
+    pub(crate) fn block_group_items(&self) -> Result<Vec<BlockGroupFigures>> {
         let tree = self.tree_by_id(self.superblock().block_group_tree())?;
         let mut out = Vec::new();
         for c in self.tree_reader().volume().chunks.all() {
@@ -137,10 +140,24 @@ impl Filesystem {
                 .ok_or_else(|| {
                     crate::Error::corrupt(format!("block group {} is short", c.logical))
                 })?;
-            out.push((c.item.chunk_type, c.item.length, used));
+            out.push(BlockGroupFigures {
+                logical: c.logical,
+                flags: c.item.chunk_type,
+                length: c.item.length,
+                used,
+            });
         }
         Ok(out)
     }
+}
+
+/// One block group's figures from its committed item.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BlockGroupFigures {
+    pub logical: u64,
+    pub flags: u64,
+    pub length: u64,
+    pub used: u64,
 }
 
 /// One device's part in [`Usage`].

@@ -2192,6 +2192,48 @@ impl FuseFs {
                 }
                 reply.ioctl(0, &self.stats.reply(flags))
             }
+            // `btrfs device stats`: anyone reads, only an admin resets.
+            BTRFS_IOC_GET_DEV_STATS => {
+                let word = |i: usize| {
+                    in_data
+                        .get(i * 8..i * 8 + 8)
+                        .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
+                };
+                let (Some(devid), Some(nr_items), Some(flags)) = (word(0), word(1), word(2)) else {
+                    return reply.error(Errno::EINVAL);
+                };
+                let reset = flags & DEV_STATS_RESET != 0;
+                if reset && !caller_access::Credentials::is_admin(req.uid(), req.pid()) {
+                    return reply.error(Errno::EPERM);
+                }
+                if reset && !self.served.writable() {
+                    return reply.error(Errno::EROFS);
+                }
+                let found = self.served.read(|fs| -> Result<_, Errno> {
+                    let entries = if reset {
+                        fs.reset_device_stats()
+                    } else {
+                        fs.device_stats()
+                    }
+                    .map_err(errno)?;
+                    let e = entries.into_iter().find(|e| e.devid == devid);
+                    e.map(|e| e.values).ok_or(Errno::ENODEV)
+                });
+                match found {
+                    Ok(values) => {
+                        let n = (nr_items as usize).min(values.len());
+                        let mut out = vec![0u8; DEV_STATS_ARGS_SIZE];
+                        out[..8].copy_from_slice(&devid.to_le_bytes());
+                        out[8..16].copy_from_slice(&(n as u64).to_le_bytes());
+                        out[16..24].copy_from_slice(&flags.to_le_bytes());
+                        for (i, v) in values[..n].iter().enumerate() {
+                            out[24 + i * 8..32 + i * 8].copy_from_slice(&v.to_le_bytes());
+                        }
+                        reply.ioctl(0, &out)
+                    }
+                    Err(e) => reply.error(e),
+                }
+            }
             FS_IOC_GETFSLABEL => {
                 let mut out = self.served.read(|fs| fs.label_bytes());
                 out.resize(256, 0);
@@ -2716,6 +2758,13 @@ fn caller_umask(pid: u32) -> Option<u32> {
 
 /// `FITRIM`, `_IOWR('X', 121, struct fstrim_range)`: trim free space.
 const FITRIM: u32 = 0xC018_5879;
+/// `BTRFS_IOC_GET_DEV_STATS`, `_IOWR(0x94, 52, struct
+/// btrfs_ioctl_get_dev_stats)`: devid, item count, flags, the counters,
+/// room for more (1,032 bytes).
+pub const BTRFS_IOC_GET_DEV_STATS: u32 = 0xC408_9434;
+pub const DEV_STATS_ARGS_SIZE: usize = 1032;
+/// Its flag: set the counters to zero after reading them.
+pub const DEV_STATS_RESET: u64 = 1;
 /// `FS_IOC_GETFSLABEL` / `FS_IOC_SETFSLABEL` (`btrfs filesystem label`:
 /// 256 bytes, NUL-padded).
 const FS_IOC_GETFSLABEL: u32 = 0x8100_9431;

@@ -55,9 +55,13 @@ enum Command {
     /// Create subvolumes and snapshots.
     #[command(subcommand)]
     Subvolume(cmd::subvolume::Command),
-    /// Space by block group type and profile (`filesystem df`).
+    /// Space, size and label of a filesystem (`btrfs filesystem df`,
+    /// `usage`, `resize`, `label`).
     #[command(subcommand)]
     Filesystem(cmd::filesystem::Command),
+    /// The devices of a filesystem (`btrfs device stats`).
+    #[command(subcommand)]
+    Device(cmd::device::Command),
     /// Show or set a subvolume's read-only flag (`btrfs property ro`).
     #[command(subcommand)]
     Property(cmd::property::Command),
@@ -80,9 +84,13 @@ fn main() -> ExitCode {
         Command::Subvolume(command) => cmd::subvolume::run(command),
         Command::Property(command) => cmd::property::run(command),
         Command::Filesystem(command) => cmd::filesystem::run(command),
+        Command::Device(command) => cmd::device::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<util::ExitWith>().is_some() => {
+            ExitCode::from(e.downcast_ref::<util::ExitWith>().map_or(1, |x| x.0))
+        }
         Err(e) => {
             eprintln!("ubtrfs: error: {}", util::error_chain(&e));
             ExitCode::FAILURE

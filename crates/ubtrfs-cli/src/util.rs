@@ -86,6 +86,19 @@ impl tracing::field::Visit for LostReply {
     }
 }
 
+/// A command's outcome that is no error to print but a status to exit
+/// with (`device stats -c`: 64 when a counter is not zero, as btrfs-progs).
+#[derive(Debug)]
+pub struct ExitWith(pub u8);
+
+impl std::fmt::Display for ExitWith {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "exit status {}", self.0)
+    }
+}
+
+impl std::error::Error for ExitWith {}
+
 /// An error and its causes on one line, `outer: inner: ...`, leaving out a
 /// cause whose text the message already ends with (some errors repeat
 /// their source in their own text).

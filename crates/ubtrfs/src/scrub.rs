@@ -24,7 +24,7 @@ use crate::format::node::{Expect, Node};
 use crate::format::superblock::Superblock;
 use crate::fs::Filesystem;
 use crate::transaction::Writer;
-use crate::volume::{Profile, RowParity, Volume};
+use crate::volume::{DevStat, Profile, RowParity, Volume};
 use std::collections::BTreeMap;
 
 /// Data sectors read per copy at once.
@@ -193,6 +193,11 @@ impl Filesystem {
             progress((report.tree_bytes + report.data_bytes).min(total), total);
         }
         progress(total, total);
+        if repair {
+            // What it counted against each device (`device stats`) is
+            // kept, as a mount's next commit would keep it.
+            self.commit()?;
+        }
         Ok(report)
     }
 
@@ -280,7 +285,8 @@ impl Filesystem {
         Ok(())
     }
 
-    /// The superblock copies that are not as the last commit wrote them.
+    /// The superblock copies that are not as the last commit wrote them
+    /// (not counted against their devices: the kernel's scrub does not).
     fn bad_supers(&self) -> Vec<String> {
         let generation = self.committed.load(std::sync::atomic::Ordering::Acquire);
         let fsid = self.superblock().fsid;
@@ -410,6 +416,7 @@ impl Filesystem {
                 Ok(_) => reads.push(CopyRead::Good(kept)),
                 Err(_) => {
                     report.tree_errors += 1;
+                    self.count_bad_tree_copy(expect, mirror, &kept);
                     reads.push(CopyRead::Bad);
                 }
             }
@@ -421,6 +428,25 @@ impl Filesystem {
             report,
             format!("tree block {}", expect.bytenr),
         )
+    }
+
+    /// Count a bad copy of a tree block against its device as the
+    /// kernel's scrub does: a stale generation (the checksum good) once;
+    /// other damage, a checksum mismatch included, not at all (kernel 6.18
+    /// counts only data sectors as corrupt).
+    fn count_bad_tree_copy(&self, expect: &Expect, mirror: usize, block: &[u8]) {
+        let csum_type = self.tree_reader().csum_type();
+        if block.len() < 0x58 || !csum_type.verify(&block[32..], &block[..32]) {
+            return;
+        }
+        let generation = u64_at(block, 0x50);
+        if expect.generation.is_some() && generation != expect.generation {
+            self.tree_reader().volume().record_copy_error(
+                expect.bytenr,
+                mirror,
+                DevStat::GenerationErrs,
+            );
+        }
     }
 
     /// The data sectors the checksum tree has checksums for, from
@@ -532,24 +558,28 @@ impl Filesystem {
             } else {
                 &copies[..]
             };
+            let at = logical + (s * sector) as u64;
             let reads: Vec<CopyRead> = considered
                 .iter()
-                .map(|c| match c {
+                .enumerate()
+                .map(|(mirror, c)| match c {
                     None => CopyRead::Missing,
                     Some((b, _)) if good(c, s) => {
                         CopyRead::Good(b[s * sector..(s + 1) * sector].to_vec())
                     }
                     Some((_, unread)) => {
+                        // (A failed read is counted against its device
+                        // where it failed.)
                         if unread[s] {
                             report.read_errors += 1;
                         } else {
                             report.csum_errors += 1;
+                            volume.record_copy_error(at, mirror, DevStat::CorruptionErrs);
                         }
                         CopyRead::Bad
                     }
                 })
                 .collect();
-            let at = logical + (s * sector) as u64;
             self.mend(at, &reads, repair, report, format!("data sector {at}"))?;
         }
         Ok(())

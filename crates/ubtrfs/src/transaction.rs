@@ -979,6 +979,9 @@ impl Filesystem {
         w.delalloc_metadata = 0;
         // Nothing names data that is not on disk.
         self.finish_in_flight(w, None, true)?;
+        // Errors counted since the last commit (a commit with nothing
+        // else to write still writes these, as the kernel's does).
+        self.write_device_stats(w)?;
         // Block groups emptied by an earlier commit go in this one, even
         // when nothing else changed.
         let unused = self.unused_groups(w);

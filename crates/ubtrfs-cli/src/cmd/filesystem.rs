@@ -205,7 +205,7 @@ fn resize_mount(dir: &Path, size: &str) -> Result<()> {
 }
 
 /// Ask the mount at `dir` (`UBTRFS_IOC_USAGE`).
-fn usage_from_mount(dir: &Path) -> Result<Usage> {
+pub(crate) fn usage_from_mount(dir: &Path) -> Result<Usage> {
     use crate::fuse::control;
     let buf = ask_mount(dir, control::UBTRFS_IOC_USAGE, control::USAGE_SIZE, "usage")?;
     control::decode_usage(&buf)
@@ -228,7 +228,7 @@ fn ask_mount(dir: &Path, cmd: u32, size: usize, what: &str) -> Result<Vec<u8>> {
 /// Send the ubtrfs mount at `dir` the ioctl `cmd` on `buf`, which must be
 /// as long as `cmd` encodes. The outer error: `dir` is no ubtrfs mount;
 /// the inner one: the ioctl's.
-fn mount_ioctl(dir: &Path, cmd: u64, buf: &mut [u8]) -> Result<std::io::Result<()>> {
+pub(crate) fn mount_ioctl(dir: &Path, cmd: u64, buf: &mut [u8]) -> Result<std::io::Result<()>> {
     super::umount::server_info(dir)
         .map_err(|e| anyhow::anyhow!("{}: not in a ubtrfs mount ({e})", dir.display()))?;
     let f = std::fs::File::open(dir).with_context(|| dir.display().to_string())?;

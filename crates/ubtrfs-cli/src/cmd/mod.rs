@@ -3,6 +3,7 @@
 
 pub mod cat;
 pub mod check;
+pub mod device;
 pub mod dump_tree;
 pub mod filesystem;
 pub mod inspect;

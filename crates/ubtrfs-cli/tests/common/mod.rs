@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod copies;
 pub mod steps;
 
 use std::ffi::OsStr;

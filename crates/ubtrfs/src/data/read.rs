@@ -6,6 +6,7 @@ use crate::csum_tree;
 use crate::format::consts::*;
 use crate::format::items::{ExtentBody, FileExtentItem};
 use crate::fs::{FileKind, Filesystem, InodeId};
+use crate::volume::DevStat;
 use crate::{Error, Result};
 
 /// Where a data read lands in a file, for error messages.
@@ -194,18 +195,24 @@ impl Filesystem {
                     continue;
                 }
                 let sector_logical = start + i as u64 * ss;
+                // Counted against the device that gave the bad copy, as
+                // the kernel counts a read's checksum failure.
+                volume.record_copy_error(sector_logical, used, DevStat::CorruptionErrs);
                 let mut repaired = false;
                 let mut sector = vec![0u8; ss as usize];
                 for mirror in (0..copies).filter(|&m| m != used) {
                     if volume
                         .read_copy(sector_logical, mirror, &mut sector)
-                        .is_ok()
-                        && csum_type.verify(&sector, sum)
+                        .is_err()
                     {
+                        continue;
+                    }
+                    if csum_type.verify(&sector, sum) {
                         buf[range.clone()].copy_from_slice(&sector);
                         repaired = true;
                         break;
                     }
+                    volume.record_copy_error(sector_logical, mirror, DevStat::CorruptionErrs);
                 }
                 if !repaired {
                     return Err(Error::DataChecksum {

@@ -4,6 +4,7 @@
 mod access_time;
 mod acl;
 mod attr;
+mod dev_stats;
 pub mod dir;
 mod flags;
 mod inode;
@@ -23,6 +24,7 @@ pub use access_time::AtimeUpdate;
 pub(crate) use access_time::PendingAtimes;
 pub use acl::{ACL_ACCESS, ACL_DEFAULT, Acl, Inherited, inherit};
 pub use attr::{SetAttr, XATTR_CREATE, XATTR_REPLACE};
+pub use dev_stats::DeviceStatsEntry;
 pub(crate) use flags::Allowed;
 pub use flags::SETTABLE_FLAGS;
 pub use inode::{DirEntry, FileKind, InodeId, Stat};

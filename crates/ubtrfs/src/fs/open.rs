@@ -216,6 +216,10 @@ impl Filesystem {
             subvol_died_in_use: Default::default(),
         };
         fs.default_subvol = fs.find_default_subvol()?;
+        if let Err(e) = fs.load_device_stats() {
+            fs.warnings
+                .push(format!("the device statistics could not be read: {e}"));
+        }
         Ok(fs)
     }
 

@@ -1,5 +1,6 @@
 //! Finding a filesystem's devices and their superblocks.
 
+use super::dev_stats::{DeviceStats, ErrorCounting};
 use crate::device::{Device, FileDevice, SeedDevice};
 use crate::format::consts::{SUPER_OFFSETS, SUPER_SIZE};
 use crate::format::superblock::Superblock;
@@ -74,6 +75,9 @@ pub struct DeviceSet {
     /// seeds: (devid, the seed's filesystem id, which tree blocks written
     /// before the sprout carry).
     pub seeds: Vec<(u64, [u8; 16])>,
+    /// Errors counted per device (`btrfs device stats`); every device of
+    /// the set counts its failed I/O here.
+    pub stats: Arc<DeviceStats>,
 }
 
 impl DeviceSet {
@@ -121,6 +125,7 @@ impl DeviceSet {
         let mut warnings = Vec::new();
         let mut newest: Option<Superblock> = None;
         let mut seeds = Vec::new();
+        let stats = Arc::new(DeviceStats::default());
         let insert = |devices: &mut BTreeMap<u64, Arc<dyn Device>>,
                       devid,
                       dev: Arc<dyn Device>,
@@ -137,7 +142,10 @@ impl DeviceSet {
                     }
                 )));
             }
-            devices.insert(devid, dev);
+            devices.insert(
+                devid,
+                Arc::new(ErrorCounting::new(dev, devid, stats.clone())),
+            );
             Ok(())
         };
         for (dev, sb, w) in scanned {
@@ -170,17 +178,27 @@ impl DeviceSet {
             superblock,
             warnings,
             seeds,
+            stats,
         })
     }
 
     /// A set from devices whose ids and superblock are already known
     /// (memory-backed filesystems, tests, mkfs).
     pub fn with_superblock(devices: Vec<(u64, Arc<dyn Device>)>, superblock: Superblock) -> Self {
+        let stats = Arc::new(DeviceStats::default());
         DeviceSet {
-            devices: devices.into_iter().collect(),
+            devices: devices
+                .into_iter()
+                .map(|(devid, dev)| {
+                    let counted: Arc<dyn Device> =
+                        Arc::new(ErrorCounting::new(dev, devid, stats.clone()));
+                    (devid, counted)
+                })
+                .collect(),
             superblock,
             warnings: Vec::new(),
             seeds: Vec::new(),
+            stats,
         }
     }
 

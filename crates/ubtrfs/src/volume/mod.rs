@@ -2,10 +2,12 @@
 //! turns logical addresses into device ranges.
 
 pub mod chunk_map;
+pub mod dev_stats;
 mod devices;
 mod parity;
 
 pub use chunk_map::{ChunkMap, Profile};
+pub use dev_stats::{DevStat, DeviceStats};
 pub use devices::{DeviceSet, scan_device};
 pub(crate) use parity::RowParity;
 
@@ -42,6 +44,24 @@ impl Volume {
                 .chunks
                 .lookup(logical)
                 .is_ok_and(|c| c.item.stripes.iter().any(|s| self.devices.is_seed(s.devid)))
+    }
+
+    /// The device copy `mirror` of `logical` is read from, if the copy is
+    /// on one device (not a RAID5/6 rebuild).
+    pub fn device_of_copy(&self, logical: u64, mirror: usize) -> Option<u64> {
+        let chunk = self.chunks.lookup(logical).ok()?;
+        if mirror > 0 && chunk.profile.parity_stripes() > 0 {
+            return None;
+        }
+        chunk.map(logical, 1, mirror).ok().map(|p| p.devid)
+    }
+
+    /// Count `stat` against the device copy `mirror` of `logical` was
+    /// read from.
+    pub fn record_copy_error(&self, logical: u64, mirror: usize, stat: DevStat) {
+        if let Some(devid) = self.device_of_copy(logical, mirror) {
+            self.devices.stats.record(devid, stat);
+        }
     }
 
     /// How many ways there are to read the data at `logical`: its copies

@@ -1,0 +1,294 @@
+//! `ubtrfs device stats`: the per-device error counters, against the
+//! kernel's. The same damaged copies scrubbed by the kernel and by ubtrfs
+//! count the same against the same devices; each reads the counters the
+//! other kept in the device tree; a ubtrfs mount counts a bad copy it
+//! reads past; `-c` and `-z` behave as btrfs-progs' do.
+
+mod common;
+
+use common::copies::{contents, damage, make, targets};
+use common::ubtrfs;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use testkit::fuse_mount::UbtrfsMount;
+use testkit::{Mount, TestDir, require_privileged};
+use ubtrfs::fs::Filesystem;
+
+type Counters = BTreeMap<u64, Vec<u64>>;
+
+fn show(out: &Output) -> String {
+    format!(
+        "status {}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The counters of a `device stats -T` table, by devid.
+fn parse_table(out: &Output) -> Counters {
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.starts_with("Id Path"), "{}", show(out));
+    text.lines()
+        .skip(2)
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!(w.len(), 7, "{l}");
+            let values = w[2..].iter().map(|v| v.parse().unwrap()).collect();
+            (w[0].parse().unwrap(), values)
+        })
+        .collect()
+}
+
+/// `ubtrfs device stats -T` of `args` (images or a mount).
+fn ubtrfs_stats<P: AsRef<Path>>(args: &[P]) -> Counters {
+    let mut all = vec!["device".into(), "stats".into(), "-T".into()];
+    all.extend(args.iter().map(|p| p.as_ref().as_os_str().to_owned()));
+    let out = ubtrfs(&all);
+    assert!(out.status.success(), "{}", show(&out));
+    parse_table(&out)
+}
+
+/// `btrfs device stats -T` of a kernel mount.
+fn kernel_stats(m: &Mount) -> Counters {
+    let out = Command::new("btrfs")
+        .args(["device", "stats", "-T"])
+        .arg(m.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", show(&out));
+    parse_table(&out)
+}
+
+fn copy_images(devices: &[PathBuf], suffix: &str) -> Vec<PathBuf> {
+    devices
+        .iter()
+        .map(|d| {
+            let to = d.with_extension(suffix);
+            std::fs::copy(d, &to).unwrap();
+            to
+        })
+        .collect()
+}
+
+/// The devid of the device copy `mirror` of `logical` lies on.
+fn devid_of(devices: &[PathBuf], logical: u64, mirror: usize) -> u64 {
+    let fs = Filesystem::open(devices).unwrap();
+    let piece = fs
+        .tree_reader()
+        .volume()
+        .chunks
+        .lookup(logical)
+        .unwrap()
+        .map(logical, 1, mirror)
+        .unwrap();
+    piece.devid
+}
+
+#[test]
+fn scrubs_count_bad_copies_against_their_devices_as_the_kernel_does() {
+    require_privileged!();
+    let t = TestDir::new("device-stats-scrub").unwrap();
+    let devices = make(&t, "raid1", 2);
+    let zeros: Counters = [(1, vec![0; 5]), (2, vec![0; 5])].into();
+    // The kernel wrote zeroed items at its first mount; ubtrfs reads them.
+    assert_eq!(ubtrfs_stats(&devices), zeros);
+
+    // Two data sectors and a leaf, one copy of each damaged, on both devices.
+    let (data, leaf, _) = targets(&devices);
+    {
+        let fs = Filesystem::open(&devices).unwrap();
+        damage(&fs, &devices, data + 3 * 4096, 0);
+        damage(&fs, &devices, data + 200 * 4096, 1);
+        damage(&fs, &devices, leaf, 1);
+    }
+    let kernel_copy = copy_images(&devices, "kernel");
+
+    // The kernel's scrub of one copy of the images.
+    let kmnt = t.join("kernel");
+    let expected = {
+        let m = Mount::new(&kernel_copy, &kmnt, "").unwrap();
+        let out = Command::new("btrfs")
+            .args(["scrub", "start", "-B"])
+            .arg(m.path())
+            .output()
+            .unwrap();
+        let said = show(&out);
+        assert!(said.contains("corrected"), "{said}");
+        let counted = kernel_stats(&m);
+        m.unmount().unwrap();
+        counted
+    };
+    // The test means something only if the kernel counted on both devices.
+    assert!(
+        expected.values().all(|v| v[3] > 0),
+        "the kernel's scrub counted {expected:?}"
+    );
+    // What the kernel kept, ubtrfs reads.
+    assert_eq!(ubtrfs_stats(&kernel_copy), expected, "kernel-kept counters");
+
+    // ubtrfs' scrub of the other copy counts the same.
+    let out = ubtrfs(
+        ["scrub".as_ref(), "--quiet".as_ref()]
+            .into_iter()
+            .chain(devices.iter().map(|d| d.as_os_str())),
+    );
+    assert!(out.status.success(), "{}", show(&out));
+    assert_eq!(ubtrfs_stats(&devices), expected, "after ubtrfs scrub");
+
+    // What ubtrfs kept, the kernel reads; the images stay consistent.
+    {
+        let m = Mount::new(&devices, &kmnt, "").unwrap();
+        assert_eq!(kernel_stats(&m), expected, "ubtrfs-kept counters");
+        m.unmount().unwrap();
+    }
+    let check = Command::new("btrfs")
+        .args(["check", "--readonly"])
+        .arg(&devices[0])
+        .output()
+        .unwrap();
+    assert!(check.status.success(), "{}", show(&check));
+
+    // -c: status 64 while a counter is not zero; -z shows them and resets.
+    let stats = |extra: &[&str]| {
+        let mut all: Vec<&std::ffi::OsStr> = vec!["device".as_ref(), "stats".as_ref()];
+        all.extend(extra.iter().map(std::ffi::OsStr::new));
+        all.extend(devices.iter().map(|d| d.as_os_str()));
+        ubtrfs(all)
+    };
+    let checked = stats(&["-c"]);
+    assert_eq!(checked.status.code(), Some(64), "{}", show(&checked));
+    let reset = stats(&["-z"]);
+    assert!(reset.status.success(), "{}", show(&reset));
+    let dev0 = devices[0].display().to_string();
+    assert!(
+        String::from_utf8_lossy(&reset.stdout)
+            .contains(&format!("[{dev0}].corruption_errs  {}\n", expected[&1][3])),
+        "{}",
+        show(&reset)
+    );
+    let checked = stats(&["-c"]);
+    assert_eq!(checked.status.code(), Some(0), "{}", show(&checked));
+    let m = Mount::new(&devices, &kmnt, "").unwrap();
+    assert_eq!(kernel_stats(&m), zeros, "after ubtrfs device stats -z");
+    assert!(
+        std::fs::read(m.path().join("f")).unwrap() == contents(),
+        "the kernel reads other bytes"
+    );
+    m.unmount().unwrap();
+}
+
+#[test]
+fn a_mount_counts_the_bad_copies_it_reads_past() {
+    require_privileged!();
+    let t = TestDir::new("device-stats-mount").unwrap();
+    let devices = make(&t, "raid1", 2);
+    let (data, _, _) = targets(&devices);
+    let sector = data + 5 * 4096;
+    {
+        let fs = Filesystem::open(&devices).unwrap();
+        damage(&fs, &devices, sector, 0);
+    }
+    let bad = devid_of(&devices, sector, 0);
+    let mut expected: Counters = [(1, vec![0; 5]), (2, vec![0; 5])].into();
+    expected.get_mut(&bad).unwrap()[3] = 1;
+
+    let mnt = t.join("fuse");
+    {
+        let m = UbtrfsMount::start(Path::new(common::ubtrfs_bin()), &devices, &mnt, &[]).unwrap();
+        assert!(
+            std::fs::read(m.path().join("f")).unwrap() == contents(),
+            "the mount read other bytes"
+        );
+        assert_eq!(ubtrfs_stats(&[m.path()]), expected, "through the mount");
+        let out = ubtrfs([
+            "device".as_ref(),
+            "stats".as_ref(),
+            "-c".as_ref(),
+            m.path().as_os_str(),
+        ]);
+        assert_eq!(out.status.code(), Some(64), "{}", show(&out));
+        m.unmount().unwrap();
+    }
+    // Kept by the mount's last commit: the kernel reads it.
+    let kmnt = t.join("kernel");
+    {
+        let m = Mount::new(&devices, &kmnt, "").unwrap();
+        assert_eq!(kernel_stats(&m), expected, "the kernel after the mount");
+        m.unmount().unwrap();
+    }
+    // Reset through the mount (root), kept by its commit.
+    {
+        let m = UbtrfsMount::start(Path::new(common::ubtrfs_bin()), &devices, &mnt, &[]).unwrap();
+        let out = ubtrfs([
+            "device".as_ref(),
+            "stats".as_ref(),
+            "-z".as_ref(),
+            m.path().as_os_str(),
+        ]);
+        assert!(out.status.success(), "{}", show(&out));
+        assert_eq!(
+            ubtrfs_stats(&[m.path()]),
+            [(1, vec![0; 5]), (2, vec![0; 5])].into(),
+            "after -z"
+        );
+        m.unmount().unwrap();
+    }
+    let m = Mount::new(&devices, &kmnt, "").unwrap();
+    assert_eq!(
+        kernel_stats(&m),
+        [(1, vec![0; 5]), (2, vec![0; 5])].into(),
+        "the kernel after the reset"
+    );
+    m.unmount().unwrap();
+}
+
+/// A device that missed writes (the other mounted degraded meanwhile)
+/// holds stale tree blocks and old data: the kernel's scrub and ubtrfs'
+/// count them alike against it.
+#[test]
+fn stale_copies_of_a_device_that_missed_writes_count_as_the_kernel_counts() {
+    require_privileged!();
+    let t = TestDir::new("device-stats-stale").unwrap();
+    let devices = make(&t, "raid1", 2);
+    let kmnt = t.join("kernel");
+    {
+        let m = Mount::new(&devices[..1], &kmnt, "degraded").unwrap();
+        std::fs::write(
+            m.path().join("while-degraded"),
+            testkit::xorshift_bytes(9, 3 << 20),
+        )
+        .unwrap();
+        for i in 0..100 {
+            std::fs::write(m.path().join(format!("d-{i}")), format!("{i}")).unwrap();
+        }
+        m.unmount().unwrap();
+    }
+    let kernel_copy = copy_images(&devices, "kernel");
+    let expected = {
+        // Read-only, so that no read the mount makes mends a stale block
+        // before the scrub counts it (-r: nor does the scrub).
+        let m = Mount::new(&kernel_copy, &kmnt, "ro").unwrap();
+        let out = Command::new("btrfs")
+            .args(["scrub", "start", "-B", "-r"])
+            .arg(m.path())
+            .output()
+            .unwrap();
+        let said = show(&out);
+        let counted = kernel_stats(&m);
+        m.unmount().unwrap();
+        assert!(
+            counted.values().any(|v| v.iter().any(|&n| n > 0)),
+            "the kernel's scrub counted nothing:\n{said}"
+        );
+        counted
+    };
+    let out = ubtrfs(
+        ["scrub".as_ref(), "--quiet".as_ref()]
+            .into_iter()
+            .chain(devices.iter().map(|d| d.as_os_str())),
+    );
+    assert!(out.status.success(), "{}", show(&out));
+    assert_eq!(ubtrfs_stats(&devices), expected, "after ubtrfs scrub");
+}

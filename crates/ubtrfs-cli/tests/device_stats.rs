@@ -2,7 +2,8 @@
 //! kernel's. The same damaged copies scrubbed by the kernel and by ubtrfs
 //! count the same against the same devices; each reads the counters the
 //! other kept in the device tree; a ubtrfs mount counts a bad copy it
-//! reads past; `-c` and `-z` behave as btrfs-progs' do.
+//! reads past and writes the good copy over it, as the kernel's read
+//! does; `-c` and `-z` behave as btrfs-progs' do.
 
 mod common;
 
@@ -194,6 +195,23 @@ fn a_mount_counts_the_bad_copies_it_reads_past() {
     let mut expected: Counters = [(1, vec![0; 5]), (2, vec![0; 5])].into();
     expected.get_mut(&bad).unwrap()[3] = 1;
 
+    // A read-only reader reads the good copy and writes nothing.
+    let before: Vec<Vec<u8>> = devices.iter().map(|d| std::fs::read(d).unwrap()).collect();
+    let mut cat: Vec<&std::ffi::OsStr> = vec!["cat".as_ref()];
+    cat.extend(devices.iter().map(|d| d.as_os_str()));
+    cat.push("/f".as_ref());
+    let out = ubtrfs(&cat);
+    assert!(out.status.success(), "{}", show(&out));
+    assert!(out.stdout == contents(), "ubtrfs cat read other bytes");
+    assert!(
+        devices
+            .iter()
+            .zip(&before)
+            .all(|(d, b)| std::fs::read(d).unwrap() == *b),
+        "a read-only read changed the images"
+    );
+
+    // A mount's read also writes the good copy over the bad one.
     let mnt = t.join("fuse");
     {
         let m = UbtrfsMount::start(Path::new(common::ubtrfs_bin()), &devices, &mnt, &[]).unwrap();
@@ -211,6 +229,14 @@ fn a_mount_counts_the_bad_copies_it_reads_past() {
         assert_eq!(out.status.code(), Some(64), "{}", show(&out));
         m.unmount().unwrap();
     }
+    let mut scrub: Vec<&std::ffi::OsStr> = vec!["scrub".as_ref(), "-r".as_ref()];
+    scrub.extend(devices.iter().map(|d| d.as_os_str()));
+    let out = ubtrfs(&scrub);
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("no errors found"),
+        "the bad copy was not mended by the read: {}",
+        show(&out)
+    );
     // Kept by the mount's last commit: the kernel reads it.
     let kmnt = t.join("kernel");
     {

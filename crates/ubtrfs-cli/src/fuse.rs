@@ -2206,12 +2206,10 @@ impl FuseFs {
                 if reset && !caller_access::Credentials::is_admin(req.uid(), req.pid()) {
                     return reply.error(Errno::EPERM);
                 }
-                if reset && !self.served.writable() {
-                    return reply.error(Errno::EROFS);
-                }
+                // Reset in memory on a read-only mount, as the kernel does.
                 let found = self.served.read(|fs| -> Result<_, Errno> {
                     let entries = if reset {
-                        fs.reset_device_stats()
+                        fs.reset_device_stats(Some(devid))
                     } else {
                         fs.device_stats()
                     }

@@ -180,20 +180,37 @@ fn scrubs_count_bad_copies_against_their_devices_as_the_kernel_does() {
     m.unmount().unwrap();
 }
 
+/// A mount counts a bad data copy it reads past once (a read-only one
+/// too, reading it again), a writable one writes the good copy over it;
+/// a reset through the mount resets the device asked for alone.
 #[test]
 fn a_mount_counts_the_bad_copies_it_reads_past() {
     require_privileged!();
     let t = TestDir::new("device-stats-mount").unwrap();
     let devices = make(&t, "raid1", 2);
-    let (data, _, _) = targets(&devices);
-    let sector = data + 5 * 4096;
+    let (data, leaf, _) = targets(&devices);
+    // Copy 0 is read first: a read finds only the first sector bad.
+    let (first, second) = (data + 5 * 4096, data + 6 * 4096);
     {
         let fs = Filesystem::open(&devices).unwrap();
-        damage(&fs, &devices, sector, 0);
+        damage(&fs, &devices, first, 0);
+        damage(&fs, &devices, second, 1);
+        // A leaf too (not counted, as the kernel's reads do not count
+        // tree blocks; mended by a writable mount's commit).
+        damage(&fs, &devices, leaf, 0);
     }
-    let bad = devid_of(&devices, sector, 0);
-    let mut expected: Counters = [(1, vec![0; 5]), (2, vec![0; 5])].into();
-    expected.get_mut(&bad).unwrap()[3] = 1;
+    let list = |m: &Path| {
+        let out = Command::new("ls").arg("-lR").arg(m).output().unwrap();
+        assert!(out.status.success(), "{}", show(&out));
+    };
+    let (a, b) = (devid_of(&devices, first, 0), devid_of(&devices, second, 1));
+    assert_ne!(a, b);
+    let counts = |na: u64, nb: u64| -> Counters {
+        let mut c: Counters = [(1, vec![0; 5]), (2, vec![0; 5])].into();
+        c.get_mut(&a).unwrap()[3] = na;
+        c.get_mut(&b).unwrap()[3] = nb;
+        c
+    };
 
     // A read-only reader reads the good copy and writes nothing.
     let before: Vec<Vec<u8>> = devices.iter().map(|d| std::fs::read(d).unwrap()).collect();
@@ -203,23 +220,49 @@ fn a_mount_counts_the_bad_copies_it_reads_past() {
     let out = ubtrfs(&cat);
     assert!(out.status.success(), "{}", show(&out));
     assert!(out.stdout == contents(), "ubtrfs cat read other bytes");
-    assert!(
+    let unchanged = || {
         devices
             .iter()
             .zip(&before)
-            .all(|(d, b)| std::fs::read(d).unwrap() == *b),
-        "a read-only read changed the images"
-    );
+            .all(|(d, b)| std::fs::read(d).unwrap() == *b)
+    };
+    assert!(unchanged(), "a read-only read changed the images");
 
-    // A mount's read also writes the good copy over the bad one.
+    // A read-only mount counts the bad copy once, however often read.
     let mnt = t.join("fuse");
+    let mount = |args: &[&str]| {
+        UbtrfsMount::start(Path::new(common::ubtrfs_bin()), &devices, &mnt, args).unwrap()
+    };
     {
-        let m = UbtrfsMount::start(Path::new(common::ubtrfs_bin()), &devices, &mnt, &[]).unwrap();
+        let m = mount(&["--ro"]);
+        list(m.path());
+        for _ in 0..3 {
+            assert!(std::fs::read(m.path().join("f")).unwrap() == contents());
+            std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+        }
+        assert_eq!(ubtrfs_stats(&[m.path()]), counts(1, 0), "read-only mount");
+        m.unmount().unwrap();
+    }
+    assert!(unchanged(), "a read-only mount changed the images");
+
+    // A writable mount's read writes the good copy over the bad one; a
+    // scrub through it finds (and counts) only the other.
+    {
+        // noatime: nothing the reads do rewrites the leaf in another place.
+        let m = mount(&["-o", "noatime"]);
+        list(m.path());
         assert!(
             std::fs::read(m.path().join("f")).unwrap() == contents(),
             "the mount read other bytes"
         );
-        assert_eq!(ubtrfs_stats(&[m.path()]), expected, "through the mount");
+        assert_eq!(ubtrfs_stats(&[m.path()]), counts(1, 0), "through the mount");
+        let out = ubtrfs(["scrub".as_ref(), "-r".as_ref(), m.path().as_os_str()]);
+        let said = show(&out);
+        assert!(
+            !out.status.success() && said.contains("errors: tree block 1, data checksum 1,"),
+            "{said}"
+        );
+        assert_eq!(ubtrfs_stats(&[m.path()]), counts(1, 1), "after scrub -r");
         let out = ubtrfs([
             "device".as_ref(),
             "stats".as_ref(),
@@ -229,44 +272,46 @@ fn a_mount_counts_the_bad_copies_it_reads_past() {
         assert_eq!(out.status.code(), Some(64), "{}", show(&out));
         m.unmount().unwrap();
     }
+    // The copies the mount's reads mended are good (the first sector's
+    // at once, the leaf's by its commit); only the one scrub -r found is
+    // not.
     let mut scrub: Vec<&std::ffi::OsStr> = vec!["scrub".as_ref(), "-r".as_ref()];
     scrub.extend(devices.iter().map(|d| d.as_os_str()));
     let out = ubtrfs(&scrub);
+    let said = show(&out);
     assert!(
-        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("no errors found"),
-        "the bad copy was not mended by the read: {}",
-        show(&out)
+        said.contains("errors: tree block 0, data checksum 1,"),
+        "{said}"
     );
     // Kept by the mount's last commit: the kernel reads it.
     let kmnt = t.join("kernel");
     {
         let m = Mount::new(&devices, &kmnt, "").unwrap();
-        assert_eq!(kernel_stats(&m), expected, "the kernel after the mount");
+        assert_eq!(kernel_stats(&m), counts(1, 1), "the kernel after the mount");
         m.unmount().unwrap();
     }
-    // Reset through the mount (root), kept by its commit.
+    // Reset through the mount (root), device by device, each showing what
+    // it had; kept by the mount's commit.
     {
-        let m = UbtrfsMount::start(Path::new(common::ubtrfs_bin()), &devices, &mnt, &[]).unwrap();
+        let m = mount(&[]);
         let out = ubtrfs([
             "device".as_ref(),
             "stats".as_ref(),
             "-z".as_ref(),
             m.path().as_os_str(),
         ]);
+        let said = String::from_utf8_lossy(&out.stdout).to_string();
         assert!(out.status.success(), "{}", show(&out));
         assert_eq!(
-            ubtrfs_stats(&[m.path()]),
-            [(1, vec![0; 5]), (2, vec![0; 5])].into(),
-            "after -z"
+            said.matches("].corruption_errs  1\n").count(),
+            2,
+            "-z shows what each device had:\n{said}"
         );
+        assert_eq!(ubtrfs_stats(&[m.path()]), counts(0, 0), "after -z");
         m.unmount().unwrap();
     }
     let m = Mount::new(&devices, &kmnt, "").unwrap();
-    assert_eq!(
-        kernel_stats(&m),
-        [(1, vec![0; 5]), (2, vec![0; 5])].into(),
-        "the kernel after the reset"
-    );
+    assert_eq!(kernel_stats(&m), counts(0, 0), "the kernel after the reset");
     m.unmount().unwrap();
 }
 

@@ -435,17 +435,22 @@ impl Filesystem {
     /// other damage, a checksum mismatch included, not at all (kernel 6.18
     /// counts only data sectors as corrupt).
     fn count_bad_tree_copy(&self, expect: &Expect, mirror: usize, block: &[u8]) {
-        let csum_type = self.tree_reader().csum_type();
-        if block.len() < 0x58 || !csum_type.verify(&block[32..], &block[..32]) {
+        let reader = self.tree_reader();
+        if block.len() < 0x58 || !reader.csum_type().verify(&block[32..], &block[..32]) {
+            return;
+        }
+        // A block of another place or filesystem is misplaced, not stale
+        // (the kernel checks these first, and does not count them).
+        let in_place = u64_at(block, 0x30) == Some(expect.bytenr)
+            && reader.fsids().iter().any(|f| block[0x20..0x30] == f[..]);
+        if !in_place {
             return;
         }
         let generation = u64_at(block, 0x50);
         if expect.generation.is_some() && generation != expect.generation {
-            self.tree_reader().volume().record_copy_error(
-                expect.bytenr,
-                mirror,
-                DevStat::GenerationErrs,
-            );
+            reader
+                .volume()
+                .record_copy_error(expect.bytenr, mirror, DevStat::GenerationErrs);
         }
     }
 

@@ -599,6 +599,7 @@ impl Filesystem {
             sizes.insert(devid, (dev.path().to_path_buf(), dev.size()));
         }
         let mut fs = Filesystem::open_unreplayed(set)?;
+        fs.tree_reader().want_mends();
         let sb = fs.superblock().clone();
         // Without one (the v1 cache, or none), the first commit makes the
         // free-space tree, as the kernel's space_cache=v2 mount does.
@@ -979,6 +980,8 @@ impl Filesystem {
         w.delalloc_metadata = 0;
         // Nothing names data that is not on disk.
         self.finish_in_flight(w, None, true)?;
+        // Tree blocks reads found bad copies of (and a good one).
+        self.mend_tree_copies(w);
         // Errors counted since the last commit (a commit with nothing
         // else to write still writes these, as the kernel's does).
         self.write_device_stats(w)?;

@@ -23,7 +23,8 @@ cache flushes failed, how many copies read from it did not match their \
 checksum (corruption_errs) and how many tree blocks read from it were \
 older than they should be (generation_errs), as `btrfs device stats` \
 does. Reads and scrubs count them, as in the kernel; they are kept in the \
-device tree by the next commit. On a mount, resetting is for root.")]
+device tree by the next commit (in memory only on a read-only mount; never \
+on a seed device). On a mount, resetting is for root.")]
 pub struct StatsArgs {
     /// Exit with status 64 if any counter is not zero.
     #[arg(short, long)]
@@ -44,12 +45,17 @@ pub struct StatsArgs {
 pub fn run(command: Command) -> Result<()> {
     match command {
         Command::Stats(a) => {
+            let mut failed = 0;
             let entries = match &a.args[..] {
-                [dir] if dir.is_dir() => from_mount(dir, a.reset)?,
+                [dir] if dir.is_dir() => {
+                    let (entries, f) = from_mount(dir, a.reset)?;
+                    failed = f;
+                    entries
+                }
                 devices if a.reset => {
                     let fs = super::open_fs_rw(devices)?;
                     let before = fs
-                        .reset_device_stats()
+                        .reset_device_stats(None)
                         .context("resetting the device statistics")?;
                     fs.commit().context("committing the reset")?;
                     before
@@ -63,6 +69,9 @@ pub fn run(command: Command) -> Result<()> {
             } else {
                 print!("{}", lines(&entries));
             }
+            if failed > 0 {
+                bail!("{failed} device(s) could not be asked");
+            }
             if a.check && entries.iter().any(|e| e.values.iter().any(|&v| v != 0)) {
                 return Err(crate::util::ExitWith(64).into());
             }
@@ -75,7 +84,7 @@ pub fn run(command: Command) -> Result<()> {
 fn name(e: &DeviceStatsEntry) -> String {
     match &e.path {
         Some(p) => p.display().to_string(),
-        None => format!("devid:{} (missing)", e.devid),
+        None => format!("devid:{}", e.devid),
     }
 }
 
@@ -142,11 +151,13 @@ fn table(entries: &[DeviceStatsEntry]) -> String {
 /// The counters of every device of the mount at `dir`
 /// (`BTRFS_IOC_GET_DEV_STATS` per device, the devices from the mount's
 /// usage), reset after reading with `reset`.
-fn from_mount(dir: &Path, reset: bool) -> Result<Vec<DeviceStatsEntry>> {
+/// Also how many devices could not be asked (each said on stderr).
+fn from_mount(dir: &Path, reset: bool) -> Result<(Vec<DeviceStatsEntry>, usize)> {
     use crate::fuse::{BTRFS_IOC_GET_DEV_STATS, DEV_STATS_ARGS_SIZE, DEV_STATS_RESET};
     let usage = super::filesystem::usage_from_mount(dir)?;
     let mut out = Vec::new();
-    for d in usage.devices.iter().filter(|d| !d.seed) {
+    let mut failed = 0;
+    for d in &usage.devices {
         let mut buf = vec![0u8; DEV_STATS_ARGS_SIZE];
         buf[..8].copy_from_slice(&d.devid.to_le_bytes());
         buf[8..16].copy_from_slice(&(DEV_STAT_COUNT as u64).to_le_bytes());
@@ -155,12 +166,15 @@ fn from_mount(dir: &Path, reset: bool) -> Result<Vec<DeviceStatsEntry>> {
         if let Err(e) =
             super::filesystem::mount_ioctl(dir, BTRFS_IOC_GET_DEV_STATS.into(), &mut buf)?
         {
-            bail!(
-                "{} the statistics of device {} of {}: {e}",
+            // As btrfs-progs: said, and on to the next device.
+            eprintln!(
+                "ubtrfs: error: {} the statistics of device {} of {}: {e}",
                 if reset { "resetting" } else { "reading" },
                 d.devid,
                 dir.display()
             );
+            failed += 1;
+            continue;
         }
         let mut values = [0u64; DEV_STAT_COUNT];
         for (i, v) in values.iter_mut().enumerate() {
@@ -173,7 +187,7 @@ fn from_mount(dir: &Path, reset: bool) -> Result<Vec<DeviceStatsEntry>> {
             values,
         });
     }
-    Ok(out)
+    Ok((out, failed))
 }
 
 #[cfg(test)]

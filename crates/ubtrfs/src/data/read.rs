@@ -5,8 +5,8 @@ use super::compression::{Compression, decompress};
 use crate::csum_tree;
 use crate::format::consts::*;
 use crate::format::items::{ExtentBody, FileExtentItem};
+use crate::fs::read_repair::BadDataCopies;
 use crate::fs::{FileKind, Filesystem, InodeId};
-use crate::volume::DevStat;
 use crate::{Error, Result};
 
 /// Where a data read lands in a file, for error messages.
@@ -198,7 +198,7 @@ impl Filesystem {
                 let sector_logical = start + i as u64 * ss;
                 // Counted against the device that gave the bad copy, as
                 // the kernel counts a read's checksum failure.
-                volume.record_copy_error(sector_logical, used, DevStat::CorruptionErrs);
+                volume.record_bad_read(sector_logical, used);
                 let mut repaired = false;
                 let mut bad = vec![used];
                 let mut sector = vec![0u8; ss as usize];
@@ -214,11 +214,11 @@ impl Filesystem {
                         repaired = true;
                         break;
                     }
-                    volume.record_copy_error(sector_logical, mirror, DevStat::CorruptionErrs);
+                    volume.record_bad_read(sector_logical, mirror);
                     bad.push(mirror);
                 }
                 if repaired {
-                    to_mend.push(BadCopies {
+                    to_mend.push(BadDataCopies {
                         logical: sector_logical,
                         mirrors: bad,
                         good: sector,
@@ -240,58 +240,6 @@ impl Filesystem {
         buf.drain(..skip);
         buf.truncate(len);
         Ok(buf)
-    }
-
-    /// Write the good copy read over the bad ones, as the kernel mends
-    /// what a read found ("read error corrected"): only when writable and
-    /// the transaction is free at once (a read never waits for it, nor
-    /// could it when its caller holds it), only in mirrored chunks (in
-    /// RAID5/6 a copy is not written alone), and only while
-    /// the checksum tree, under the transaction, still holds the sum the
-    /// good copy matched: the extent is still allocated, so nothing else
-    /// writes there. A copy that stays bad is left to a scrub.
-    fn mend_read_copies(&self, found: &[BadCopies]) {
-        if found.is_empty() {
-            return;
-        }
-        let Some(writer) = self.writer.as_ref() else {
-            return;
-        };
-        let Ok(_held) = writer.try_lock() else {
-            return;
-        };
-        if self.check_not_aborted().is_err() {
-            return;
-        }
-        let volume = self.trees.volume();
-        let Ok(Some(tree)) = self.csum_tree() else {
-            return;
-        };
-        for f in found {
-            let mirrored = volume
-                .chunks
-                .lookup(f.logical)
-                .is_ok_and(|c| c.profile.parity_stripes() == 0);
-            if !mirrored || volume.on_seed(f.logical) {
-                continue;
-            }
-            let still =
-                csum_tree::lookup(&tree, f.logical, 1, self.geo.sectorsize, self.geo.csum_size);
-            if !matches!(still.as_deref(), Ok([Some(s)]) if *s == f.sum) {
-                continue;
-            }
-            for &mirror in &f.mirrors {
-                match volume.write_copy(f.logical, mirror, &f.good) {
-                    Ok(()) => tracing::info!(
-                        "read error corrected: data sector {} copy {mirror}",
-                        f.logical
-                    ),
-                    Err(e) => {
-                        tracing::warn!("mending data sector {} copy {mirror}: {e}", f.logical)
-                    }
-                }
-            }
-        }
     }
 
     /// The whole content of file `id`.
@@ -330,14 +278,6 @@ fn copy_at(src: &[u8], skip: u64, dst: &mut [u8]) {
         let n = s.len().min(dst.len());
         dst[..n].copy_from_slice(&s[..n]);
     }
-}
-
-/// A data sector a read found bad in `mirrors` and good in another copy.
-struct BadCopies {
-    logical: u64,
-    mirrors: Vec<usize>,
-    good: Vec<u8>,
-    sum: [u8; 32],
 }
 
 #[cfg(test)]

@@ -42,9 +42,9 @@ impl Filesystem {
         Ok(())
     }
 
-    /// The counters of every device of the filesystem (not of the seeds
-    /// it was sprouted from, as the kernel's list leaves them out), by
-    /// devid.
+    /// The counters of every device of the filesystem, the seeds it was
+    /// sprouted from included (as the kernel lists them; their counters
+    /// are never written: a seed is only read), by devid.
     pub fn device_stats(&self) -> Result<Vec<DeviceStatsEntry>> {
         let volume = self.tree_reader().volume();
         let mut out = Vec::new();
@@ -53,9 +53,6 @@ impl Filesystem {
             .items_of(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY)?
         {
             let devid = DevItem::parse(item?.data())?.devid;
-            if volume.devices.is_seed(devid) {
-                continue;
-            }
             out.push(DeviceStatsEntry {
                 devid,
                 path: volume.devices.get(devid).map(|d| d.path().to_path_buf()),
@@ -66,15 +63,18 @@ impl Filesystem {
         Ok(out)
     }
 
-    /// Set every device's counters to zero (written by the next commit);
-    /// returns them as they were.
-    pub fn reset_device_stats(&self) -> Result<Vec<DeviceStatsEntry>> {
-        if self.writer.is_none() {
-            return Err(Error::ReadOnly(
-                "device statistics are reset only in a filesystem opened for writing".into(),
-            ));
-        }
+    /// Set the counters of device `devid` (every device: `None`) to zero,
+    /// kept by the next commit of a writable filesystem (in memory only
+    /// otherwise, as on the kernel's read-only mount); returns them as
+    /// they were. An unknown devid is an error and resets nothing.
+    pub fn reset_device_stats(&self, devid: Option<u64>) -> Result<Vec<DeviceStatsEntry>> {
         let mut out = self.device_stats()?;
+        if let Some(d) = devid {
+            out.retain(|e| e.devid == d);
+            if out.is_empty() {
+                return Err(Error::NotFound(format!("device {d}")));
+            }
+        }
         let stats = &self.tree_reader().volume().devices.stats;
         for e in &mut out {
             e.values = stats.reset(e.devid);

@@ -13,6 +13,7 @@ mod links;
 mod namespace;
 mod open;
 mod props;
+pub(crate) mod read_repair;
 pub mod resize;
 pub(crate) mod snapshot;
 mod space_info;

@@ -47,7 +47,22 @@ pub struct TreeReader {
     /// Blocks read from the devices because a lookup wanted them (not
     /// ahead of it).
     blocks_read: AtomicU64,
+    /// Blocks read whose copies before the good one were bad, for a
+    /// writable filesystem to mend (see [`TreeReader::want_mends`]).
+    bad_copies: std::sync::Mutex<Vec<BadTreeCopies>>,
+    mends_wanted: std::sync::atomic::AtomicBool,
 }
+
+/// A tree block found bad in copies `mirrors` and good in a later one.
+#[derive(Clone, Debug)]
+pub struct BadTreeCopies {
+    pub expect: Expect,
+    pub mirrors: Vec<usize>,
+}
+
+/// At most this many blocks wait to be mended (a damaged device read
+/// all over would otherwise fill memory with them).
+const MAX_BAD_COPIES: usize = 4096;
 
 impl TreeReader {
     /// A reader for the filesystem described by `sb` on `volume`.
@@ -66,7 +81,20 @@ impl TreeReader {
             dirty: Arc::new(RwLock::new(AddrMap::default())),
             ahead: None,
             blocks_read: AtomicU64::new(0),
+            bad_copies: Default::default(),
+            mends_wanted: Default::default(),
         }
+    }
+
+    /// Keep the blocks read whose first copies were bad, for
+    /// [`TreeReader::take_bad_copies`] (a writable filesystem mends them).
+    pub fn want_mends(&self) {
+        self.mends_wanted.store(true, Ordering::Relaxed);
+    }
+
+    /// The blocks found with bad copies since the last call.
+    pub fn take_bad_copies(&self) -> Vec<BadTreeCopies> {
+        std::mem::take(&mut *self.bad_copies.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Read leaves ahead of scans on a thread of its own: when a leaf not
@@ -229,6 +257,7 @@ impl TreeReader {
         let copies = self.volume.num_copies(expect.bytenr)?;
         self.blocks_read.fetch_add(1, Ordering::Relaxed);
         let mut problems = Vec::new();
+        let mut bad = Vec::new();
         for mirror in 0..copies {
             if !self.volume.copy_present(expect.bytenr, mirror) {
                 problems.push(format!("copy {mirror}: device missing"));
@@ -237,6 +266,7 @@ impl TreeReader {
             let mut buf = vec![0u8; self.nodesize].into_boxed_slice();
             if let Err(e) = self.volume.read_copy(expect.bytenr, mirror, &mut buf) {
                 problems.push(format!("copy {mirror}: {e}"));
+                bad.push(mirror);
                 continue;
             }
             match Node::parse(
@@ -249,9 +279,21 @@ impl TreeReader {
                 Ok(node) => {
                     let node = Arc::new(node);
                     self.cache.insert(expect.bytenr, node.clone());
+                    if !bad.is_empty() && self.mends_wanted.load(Ordering::Relaxed) {
+                        let mut held = self.bad_copies.lock().unwrap_or_else(|e| e.into_inner());
+                        if held.len() < MAX_BAD_COPIES {
+                            held.push(BadTreeCopies {
+                                expect: *expect,
+                                mirrors: bad,
+                            });
+                        }
+                    }
                     return Ok(node);
                 }
-                Err(why) => problems.push(format!("copy {mirror}: {why}")),
+                Err(why) => {
+                    problems.push(format!("copy {mirror}: {why}"));
+                    bad.push(mirror);
+                }
             }
         }
         Err(Error::BadTreeBlock {

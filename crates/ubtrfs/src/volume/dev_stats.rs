@@ -55,7 +55,14 @@ struct Inner {
     /// Whether the device tree's counters were added (once, however many
     /// times the devices' filesystem is opened).
     loaded: bool,
+    /// Bad data copies reads counted, by (devid, logical address): a read
+    /// counts a bad copy once, as the kernel's does (it mends the copy
+    /// at once; where ubtrfs cannot, the next read would count it again).
+    read_bad: BTreeSet<(u64, u64)>,
 }
+
+/// At most this many bad copies are remembered as counted.
+const MAX_READ_BAD: usize = 65_536;
 
 impl DeviceStats {
     fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -67,6 +74,26 @@ impl DeviceStats {
         let mut i = self.inner();
         i.values.entry(devid).or_default()[stat as usize] += 1;
         i.dirty.insert(devid);
+    }
+
+    /// Count a bad data copy a read found at `logical` of device `devid`,
+    /// unless a read counted it already since it was last mended.
+    pub fn record_bad_read(&self, devid: u64, logical: u64) {
+        let mut i = self.inner();
+        if i.read_bad.contains(&(devid, logical)) {
+            return;
+        }
+        if i.read_bad.len() < MAX_READ_BAD {
+            i.read_bad.insert((devid, logical));
+        }
+        i.values.entry(devid).or_default()[DevStat::CorruptionErrs as usize] += 1;
+        i.dirty.insert(devid);
+    }
+
+    /// The copy at `logical` of device `devid` was written over with a
+    /// good one: a read that finds it bad again counts again.
+    pub fn mended(&self, devid: u64, logical: u64) {
+        self.inner().read_bad.remove(&(devid, logical));
     }
 
     /// Whether the device tree's counters were loaded.
@@ -225,5 +252,13 @@ mod tests {
         assert!(s.take_dirty().is_empty());
         assert_eq!(s.reset(1), [7, 0, 0, 0, 0]);
         assert_eq!(s.take_dirty(), vec![(1, [0; 5])]);
+        // A bad copy reads find counts once until it is mended.
+        s.record_bad_read(1, 4096);
+        s.record_bad_read(1, 4096);
+        s.record_bad_read(1, 8192);
+        assert_eq!(s.values(1), [0, 0, 0, 2, 0]);
+        s.mended(1, 4096);
+        s.record_bad_read(1, 4096);
+        assert_eq!(s.values(1), [0, 0, 0, 3, 0]);
     }
 }

@@ -64,6 +64,21 @@ impl Volume {
         }
     }
 
+    /// Count the bad data copy `mirror` of `logical` a read found, once
+    /// until it is mended (see [`DeviceStats::record_bad_read`]).
+    pub fn record_bad_read(&self, logical: u64, mirror: usize) {
+        if let Some(devid) = self.device_of_copy(logical, mirror) {
+            self.devices.stats.record_bad_read(devid, logical);
+        }
+    }
+
+    /// Copy `mirror` of `logical` was written over with a good one.
+    pub fn copy_mended(&self, logical: u64, mirror: usize) {
+        if let Some(devid) = self.device_of_copy(logical, mirror) {
+            self.devices.stats.mended(devid, logical);
+        }
+    }
+
     /// How many ways there are to read the data at `logical`: its copies
     /// (1 unless mirrored), and in RAID5 one more (rebuilt with P), in
     /// RAID6 two more (rebuilt with P, or with Q), as the kernel counts.

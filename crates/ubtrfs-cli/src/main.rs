@@ -62,6 +62,9 @@ enum Command {
     /// The devices of a filesystem (`btrfs device stats`).
     #[command(subcommand)]
     Device(cmd::device::Command),
+    /// Quota groups (`btrfs quota rescan`).
+    #[command(subcommand)]
+    Quota(cmd::quota::Command),
     /// Show or set a subvolume's read-only flag (`btrfs property ro`).
     #[command(subcommand)]
     Property(cmd::property::Command),
@@ -85,6 +88,7 @@ fn main() -> ExitCode {
         Command::Property(command) => cmd::property::run(command),
         Command::Filesystem(command) => cmd::filesystem::run(command),
         Command::Device(command) => cmd::device::run(command),
+        Command::Quota(command) => cmd::quota::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

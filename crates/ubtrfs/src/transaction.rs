@@ -473,6 +473,9 @@ pub struct Writer {
     /// log naming a block in one (its own, or logged data) could not be
     /// replayed: such an fsync commits instead.
     pub(crate) new_chunks: Vec<(u64, u64)>,
+    /// The qgroup counts this transaction writes are exact (a quota
+    /// rescan's): its commit does not mark them inconsistent.
+    pub(crate) qgroups_counted: bool,
 }
 
 impl Writer {
@@ -741,6 +744,7 @@ impl Filesystem {
             delalloc_metadata: 0,
             removed_names: Vec::new(),
             new_chunks: Vec::new(),
+            qgroups_counted: false,
         }));
         Ok(fs)
     }

@@ -11,6 +11,7 @@ pub mod ls;
 pub mod mkfs;
 pub mod mount;
 pub mod property;
+pub mod quota;
 pub mod restore;
 pub mod scrub;
 pub mod subvolume;

@@ -5,7 +5,8 @@
 //! does not count: every commit it writes marks the counts inconsistent in
 //! the quota tree's status item, as the kernel itself does when it cannot
 //! count (and as it would on finding a status item older than the
-//! filesystem). `btrfs quota rescan` makes them right again; until then
+//! filesystem). `btrfs quota rescan` (or [`Filesystem::quota_rescan`])
+//! makes them right again; until then
 //! the kernel does not trust them and `btrfs check` does not compare them.
 //! A rescan the kernel had under way is stopped: it started before these
 //! changes.
@@ -63,7 +64,8 @@ impl QgroupStatus {
         })
     }
 
-    fn write(&self, data: &mut [u8]) {
+    /// Write the fields into the status item's data.
+    pub(crate) fn write(&self, data: &mut [u8]) {
         for (i, v) in [self.version, self.generation, self.flags, self.rescan]
             .into_iter()
             .enumerate()
@@ -93,6 +95,10 @@ impl Filesystem {
     /// For a commit: mark the qgroup counts inconsistent as of this
     /// transaction (a no-op without quotas, or once done).
     pub(crate) fn mark_qgroups_inconsistent(&self, w: &mut Writer) -> Result<()> {
+        // A rescan's commit writes counts of what it leaves.
+        if std::mem::take(&mut w.qgroups_counted) {
+            return Ok(());
+        }
         let Some(old) = self.qgroup_status()? else {
             return Ok(());
         };

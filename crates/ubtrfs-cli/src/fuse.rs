@@ -2027,13 +2027,9 @@ impl FuseFs {
             self.stats.count(Counter::Ioctl);
         }
         // The kernel's stand-in for a nested subvolume in a snapshot is a
-        // bare directory with no flags to get or set.
-        if id.is_placeholder()
-            && matches!(
-                cmd,
-                FS_IOC_GETFLAGS | FS_IOC_SETFLAGS | FS_IOC_FSGETXATTR | FS_IOC_FSSETXATTR
-            )
-        {
+        // bare directory that answers no ioctl (flags, subvolume and
+        // filesystem ioctls alike); ubtrfs' own ('u') still reach the mount.
+        if id.is_placeholder() && (cmd >> 8) & 0xff != u32::from(b'u') {
             return reply.error(Errno::ENOTTY);
         }
         if let Some(request) = subvol_ioctl::decode(cmd, in_data) {

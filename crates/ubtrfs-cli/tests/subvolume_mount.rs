@@ -12,6 +12,7 @@
 mod common;
 
 use common::{check_image, start_mount, ubtrfs};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::{Command, Output};
@@ -510,6 +511,31 @@ fn placeholders_in_a_snapshot_are_directories_of_their_own() {
     // "Inappropriate ioctl for device"); the real one has them.
     assert_eq!(get_flags(&mnt.join("snap/a")), Err(libc::ENOTTY));
     assert!(get_flags(&mnt.join("vol/a")).is_ok());
+    // No ioctl at all, no xattrs, no names (kernel 6.18's answers).
+    {
+        let d = std::fs::File::open(mnt.join("snap/a")).unwrap();
+        let mut word = 0u64;
+        // SAFETY: BTRFS_IOC_SUBVOL_GETFLAGS writes one u64.
+        let rc = unsafe { libc::ioctl(d.as_raw_fd(), 0x8008_9419u32 as _, &mut word) };
+        let e = std::io::Error::last_os_error().raw_os_error();
+        assert_eq!((rc, e), (-1, Some(libc::ENOTTY)));
+    }
+    let out = Command::new("setfattr")
+        .args(["-n", "user.x", "-v", "1"])
+        .arg(mnt.join("snap/a"))
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Operation not supported"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::create_dir(mnt.join("snap/a/x"))
+            .unwrap_err()
+            .raw_os_error(),
+        Some(libc::EPERM)
+    );
 
     let mut sitter = Command::new("sleep")
         .arg("60")

@@ -326,9 +326,10 @@ impl Filesystem {
 
     /// The item of `id`, a real inode whose xattrs may change.
     fn writable_inode(&self, id: InodeId) -> Result<crate::format::items::InodeItem> {
+        // The kernel's stand-in directory has no xattr handlers: ENOTSUP.
         if id.is_placeholder() {
-            return Err(Error::ReadOnly(
-                "placeholder of an unreachable subvolume".into(),
+            return Err(Error::Unsupported(
+                "xattrs of the placeholder of an unreachable subvolume".into(),
             ));
         }
         let item = self.inode_item(id)?;

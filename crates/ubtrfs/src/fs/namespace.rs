@@ -170,9 +170,10 @@ impl Filesystem {
     /// ([`Allowed::Growth`]) or from which they may go
     /// ([`Allowed::Nothing`]) as its flags allow.
     pub(crate) fn writable_dir(&self, dir: InodeId, allowed: Allowed) -> Result<InodeItem> {
+        // The kernel's stand-in directory takes no names: EPERM.
         if dir.is_placeholder() {
-            return Err(Error::ReadOnly(
-                "placeholder of an unreachable subvolume".into(),
+            return Err(Error::NotPermitted(
+                "names in the placeholder of an unreachable subvolume".into(),
             ));
         }
         let item = self.inode_item(dir)?;

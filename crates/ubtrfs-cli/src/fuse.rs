@@ -2126,6 +2126,22 @@ impl FuseFs {
                     .map(|()| Vec::new())
             });
         }
+        if cmd == BTRFS_IOC_QUOTA_RESCAN {
+            // As in the kernel: CAP_SYS_ADMIN. Done before the answer
+            // (the kernel's runs in the background; its WAIT below then
+            // has nothing to wait for), on a thread that serves nothing.
+            if !caller_access::Credentials::is_admin(req.uid(), req.pid()) {
+                return reply.error(Errno::EPERM);
+            }
+            return self.on_own_thread(reply, move |me| {
+                me.served
+                    .write_committing("quota rescan", |fs| fs.quota_rescan())
+                    .map(|_| Vec::new())
+            });
+        }
+        if cmd == BTRFS_IOC_QUOTA_RESCAN_WAIT {
+            return reply.ioctl(0, &[]);
+        }
         if cmd == subvol_info::BTRFS_IOC_SET_RECEIVED_SUBVOL {
             // Commits: on a thread that serves no requests, as above.
             let caller = *req;
@@ -2752,6 +2768,11 @@ fn caller_umask(pid: u32) -> Option<u32> {
 
 /// `FITRIM`, `_IOWR('X', 121, struct fstrim_range)`: trim free space.
 const FITRIM: u32 = 0xC018_5879;
+/// `BTRFS_IOC_QUOTA_RESCAN`, `_IOW(0x94, 44, struct
+/// btrfs_ioctl_quota_rescan_args)` (64 bytes), and
+/// `BTRFS_IOC_QUOTA_RESCAN_WAIT`, `_IO(0x94, 46)`.
+pub const BTRFS_IOC_QUOTA_RESCAN: u32 = 0x4040_942c;
+pub const BTRFS_IOC_QUOTA_RESCAN_WAIT: u32 = 0x0000_942e;
 /// `BTRFS_IOC_GET_DEV_STATS`, `_IOWR(0x94, 52, struct
 /// btrfs_ioctl_get_dev_stats)`: devid, item count, flags, the counters,
 /// room for more (1,032 bytes).

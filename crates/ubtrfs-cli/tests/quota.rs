@@ -1,9 +1,10 @@
 //! `ubtrfs quota rescan` against the kernel's: a filesystem with quotas
 //! (compressed and reflinked data, a subvolume, a snapshot, a level-1
 //! qgroup), written by the kernel and then by ubtrfs (which marks the
-//! counts inconsistent), is rescanned by each on its own copy; the
-//! kernel's `btrfs qgroup show` then prints the same counts for both, and
-//! the counts are consistent again.
+//! counts inconsistent), is rescanned by each on its own copy (by ubtrfs
+//! through its mount, and of the images); the kernel's `btrfs qgroup
+//! show` then prints the same counts for both, and the counts are
+//! consistent again.
 
 mod common;
 
@@ -93,14 +94,37 @@ fn a_rescan_counts_as_the_kernels_does() {
         btrfs(&["quota", "rescan", "-w"], p);
         m.unmount().unwrap();
     }
-    // ubtrfs writes: the counts are marked inconsistent.
+    // ubtrfs writes, then rescans through its mount (noatime: nothing
+    // after the rescan changes the trees).
+    let mnt = t.join("fuse");
     {
-        let mnt = t.join("fuse");
-        let m = UbtrfsMount::start(Path::new(common::ubtrfs_bin()), &[&img], &mnt, &[]).unwrap();
+        let m = UbtrfsMount::start(
+            Path::new(common::ubtrfs_bin()),
+            &[&img],
+            &mnt,
+            &["-o", "noatime"],
+        )
+        .unwrap();
         let p = m.path();
         std::fs::write(p.join("more"), testkit::xorshift_bytes(3, 1_500_000)).unwrap();
         std::fs::write(p.join("sv/more"), testkit::xorshift_bytes(4, 700_000)).unwrap();
         std::fs::remove_file(p.join("snap/zeros")).unwrap();
+        let out = ubtrfs(["quota".as_ref(), "rescan".as_ref(), p.as_os_str()]);
+        assert!(out.status.success(), "{}", show(&out));
+        m.unmount().unwrap();
+    }
+    let (counted, warned) = kernel_counts(&img, &kmnt);
+    assert!(!warned.contains("inconsistent"), "{warned}");
+    assert_eq!(
+        counted,
+        kernel_rescan(&img, &kmnt),
+        "rescanned through a mount"
+    );
+
+    // ubtrfs writes again: the counts are marked inconsistent.
+    {
+        let m = UbtrfsMount::start(Path::new(common::ubtrfs_bin()), &[&img], &mnt, &[]).unwrap();
+        let p = m.path();
         for i in 0..100 {
             std::fs::remove_file(p.join(format!("d/f{i}"))).unwrap();
         }
@@ -115,15 +139,7 @@ fn a_rescan_counts_as_the_kernels_does() {
     }
     let (_, warned) = kernel_counts(&img, &kmnt);
     assert!(warned.contains("inconsistent"), "{warned}");
-
-    let kernel_copy: PathBuf = img.with_extension("kernel");
-    std::fs::copy(&img, &kernel_copy).unwrap();
-    {
-        let m = Mount::new(&[&kernel_copy], &kmnt, "").unwrap();
-        btrfs(&["quota", "rescan", "-w"], m.path());
-        m.unmount().unwrap();
-    }
-    let (expected, _) = kernel_counts(&kernel_copy, &kmnt);
+    let expected = kernel_rescan(&img, &kmnt);
 
     let out = ubtrfs(["quota".as_ref(), "rescan".as_ref(), img.as_os_str()]);
     assert!(out.status.success(), "{}", show(&out));
@@ -150,4 +166,18 @@ fn a_rescan_counts_as_the_kernels_does() {
         .unwrap();
     assert!(check.status.success(), "{}", show(&check));
     assert!(!show(&check).contains("are different"), "{}", show(&check));
+}
+
+/// What the kernel shows after its own rescan of a copy of `img`.
+fn kernel_rescan(img: &Path, mnt: &Path) -> String {
+    let copy: PathBuf = img.with_extension("kernel");
+    std::fs::copy(img, &copy).unwrap();
+    {
+        let m = Mount::new(&[&copy], mnt, "").unwrap();
+        btrfs(&["quota", "rescan", "-w"], m.path());
+        m.unmount().unwrap();
+    }
+    let (shown, _) = kernel_counts(&copy, mnt);
+    std::fs::remove_file(&copy).unwrap();
+    shown
 }

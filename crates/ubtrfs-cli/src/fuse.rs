@@ -2139,6 +2139,23 @@ impl FuseFs {
                     .map(|_| Vec::new())
             });
         }
+        if cmd == BTRFS_IOC_DEFAULT_SUBVOL {
+            // As in the kernel: CAP_SYS_ADMIN; 0 is the top level.
+            if !caller_access::Credentials::is_admin(req.uid(), req.pid()) {
+                return reply.error(Errno::EPERM);
+            }
+            let Some(id) = in_data
+                .get(..8)
+                .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
+            else {
+                return reply.error(Errno::EINVAL);
+            };
+            return self.on_own_thread(reply, move |me| {
+                me.served
+                    .write_committing("set-default", |fs| fs.set_default_subvolume(id))
+                    .map(|()| Vec::new())
+            });
+        }
         if cmd == BTRFS_IOC_QUOTA_RESCAN_WAIT {
             return reply.ioctl(0, &[]);
         }
@@ -2241,6 +2258,12 @@ impl FuseFs {
                         }
                         reply.ioctl(0, &out)
                     }
+                    Err(e) => reply.error(e),
+                }
+            }
+            control::UBTRFS_IOC_DEFAULT_SUBVOL => {
+                match self.served.read(|fs| fs.default_subvolume().map_err(errno)) {
+                    Ok(id) => reply.ioctl(0, &id.to_le_bytes()),
                     Err(e) => reply.error(e),
                 }
             }
@@ -2768,6 +2791,9 @@ fn caller_umask(pid: u32) -> Option<u32> {
 
 /// `FITRIM`, `_IOWR('X', 121, struct fstrim_range)`: trim free space.
 const FITRIM: u32 = 0xC018_5879;
+/// `BTRFS_IOC_DEFAULT_SUBVOL`, `_IOW(0x94, 19, u64)`: set the default
+/// subvolume.
+pub const BTRFS_IOC_DEFAULT_SUBVOL: u32 = 0x4008_9413;
 /// `BTRFS_IOC_QUOTA_RESCAN`, `_IOW(0x94, 44, struct
 /// btrfs_ioctl_quota_rescan_args)` (64 bytes), and
 /// `BTRFS_IOC_QUOTA_RESCAN_WAIT`, `_IO(0x94, 46)`.

@@ -190,3 +190,98 @@ fn create_and_snapshot_from_the_command_line() {
     );
     m.unmount().unwrap();
 }
+
+/// `ubtrfs subvolume set-default` / `get-default`, of images and through
+/// a mount: the kernel's mount without subvol= then shows the default,
+/// `btrfs subvolume get-default` names it, ubtrfs reads what the kernel
+/// set, and the images stay consistent.
+#[test]
+fn the_default_subvolume_is_set_and_read_as_the_kernel_does() {
+    testkit::require_privileged!();
+    let t = TestDir::new("subvolume-default").unwrap();
+    let img = t.join("d.img");
+    testkit::mkfs_file(&img, 256 << 20, &[]).unwrap();
+    ok(&["subvolume", "create"], &img, &["/vol"]);
+    ok(&["subvolume", "create"], &img, &["/vol/inner"]);
+    assert_eq!(
+        ok(&["subvolume", "get-default"], &img, &[]),
+        "ID 5 (FS_TREE)\n"
+    );
+    let kmnt = t.join("kernel");
+    // By path, from the command line: the kernel mounts it by default.
+    ok(&["subvolume", "set-default"], &img, &["/vol/inner"]);
+    check(&img, "after set-default");
+    // The line `subvolume list` has for it.
+    let listed = ok(&["subvolume", "list"], &img, &[]);
+    let line = listed.lines().find(|l| l.starts_with("ID 257 ")).unwrap();
+    assert!(line.ends_with("top level 256 path vol/inner"), "{listed}");
+    assert_eq!(
+        ok(&["subvolume", "get-default"], &img, &[]),
+        format!("{line}\n")
+    );
+    {
+        let m = Mount::new(&[&img], &kmnt, "").unwrap();
+        std::fs::write(m.path().join("here"), b"in inner\n").unwrap();
+        let said = run(Command::new("btrfs")
+            .args(["subvolume", "get-default"])
+            .arg(m.path()));
+        assert!(said.starts_with("ID 257 "), "{said}");
+        // The kernel sets it back to the top level; ubtrfs reads that.
+        run(Command::new("btrfs")
+            .args(["subvolume", "set-default", "5"])
+            .arg(m.path()));
+        m.unmount().unwrap();
+    }
+    assert_eq!(
+        ok(&["subvolume", "get-default"], &img, &[]),
+        "ID 5 (FS_TREE)\n"
+    );
+    // Through a ubtrfs mount: the id and a path, then the subvolume's own
+    // directory.
+    let mnt = t.join("fuse");
+    let m = testkit::fuse_mount::UbtrfsMount::start(
+        Path::new(env!("CARGO_BIN_EXE_ubtrfs")),
+        &[&img],
+        &mnt,
+        &[],
+    )
+    .unwrap();
+    let bin = env!("CARGO_BIN_EXE_ubtrfs");
+    run(Command::new(bin)
+        .args(["subvolume", "set-default", "256"])
+        .arg(m.path()));
+    let said = run(Command::new(bin)
+        .args(["subvolume", "get-default"])
+        .arg(m.path()));
+    assert!(
+        said.starts_with("ID 256 ") && said.ends_with("path vol\n"),
+        "{said}"
+    );
+    run(Command::new(bin)
+        .args(["subvolume", "set-default"])
+        .arg(m.path().join("vol/inner")));
+    let said = run(Command::new(bin)
+        .args(["subvolume", "get-default"])
+        .arg(m.path()));
+    assert!(said.starts_with("ID 257 "), "{said}");
+    // A subvolume that is not there: refused, nothing changed.
+    let out = Command::new(bin)
+        .args(["subvolume", "set-default", "999"])
+        .arg(m.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{}", show(&out));
+    m.unmount().unwrap();
+    check(&img, "after set-default through a mount");
+    let m = Mount::new(&[&img], &kmnt, "").unwrap();
+    assert_eq!(
+        std::fs::read(m.path().join("here")).unwrap(),
+        b"in inner\n",
+        "the kernel's mount does not show the default"
+    );
+    m.unmount().unwrap();
+    // By id, of the images: back to the top level.
+    ok(&["subvolume", "set-default"], &img, &["0"]);
+    assert_eq!(ok(&["subvolume", "get-default"], &img, &[]), "ID 5 (FS_TREE)\n");
+    check(&img, "after set-default 0");
+}

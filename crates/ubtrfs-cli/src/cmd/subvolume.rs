@@ -24,6 +24,40 @@ pub enum Command {
     Delete(DeleteArgs),
     /// List the subvolumes and snapshots.
     List(ListArgs),
+    /// Make a subvolume the one a mount shows by default.
+    SetDefault(SetDefaultArgs),
+    /// Show the default subvolume.
+    GetDefault(GetDefaultArgs),
+}
+
+/// Arguments of `subvolume set-default`.
+#[derive(clap::Args, Debug)]
+#[command(
+    override_usage = "ubtrfs subvolume set-default <SUBVOLUME>\n       ubtrfs subvolume set-default <ID> <PATH>\n       ubtrfs subvolume set-default <DEV>... <ID|/SUBVOLUME>",
+    after_help = "\
+Makes a subvolume the default, as `btrfs subvolume set-default` does: a \
+mount without subvol= (the kernel's or ubtrfs') shows it. Give the \
+subvolume's directory in a ubtrfs mount, or its id and any path in the \
+mount (root only, as in the kernel), or the devices of an unmounted \
+filesystem and the id or the path (from the default subvolume's root, \
+as ubtrfs' other commands take paths). 0 and 5 are the top level. \
+Committed at once."
+)]
+pub struct SetDefaultArgs {
+    #[arg(required = true, value_name = "ARGS")]
+    args: Vec<PathBuf>,
+}
+
+/// Arguments of `subvolume get-default`.
+#[derive(clap::Args, Debug)]
+#[command(after_help = "\
+Prints the default subvolume as `btrfs subvolume get-default` does: \
+`ID 5 (FS_TREE)` for the top level, else its id, generation, the id of \
+the subvolume holding it and its path from the top level.")]
+pub struct GetDefaultArgs {
+    /// The filesystem's devices (all of them), or a path in a ubtrfs mount.
+    #[arg(value_name = "DEVICE|PATH", required = true)]
+    args: Vec<PathBuf>,
 }
 
 /// Arguments of `subvolume list`.
@@ -123,6 +157,8 @@ pub fn run(command: Command) -> Result<()> {
             _ => bail!("give the source subvolume and the destination"),
         },
         Command::List(a) => list_subvolumes(&a),
+        Command::SetDefault(a) => set_default(&a.args),
+        Command::GetDefault(a) => get_default(&a.args),
         Command::Delete(a) => match &a.args[..] {
             [path] => mounted_delete(path),
             [devices @ .., path] => delete(devices, path),
@@ -132,8 +168,30 @@ pub fn run(command: Command) -> Result<()> {
 }
 
 fn list_subvolumes(a: &ListArgs) -> Result<()> {
+    let mut listed = listed(&a.args)?;
+    listed.sort_by_key(|s| s.id);
+    for s in listed.iter().filter(|s| !a.readonly || s.readonly) {
+        print_listed(s);
+    }
+    Ok(())
+}
+
+/// A subvolume's line in `subvolume list` (and `get-default`).
+fn print_listed(s: &crate::fuse::control::ListedSubvol) {
+    println!(
+        "ID {} gen {} top level {} path {}",
+        s.id,
+        s.generation,
+        s.parent,
+        crate::util::show(&s.path)
+    );
+}
+
+/// Every subvolume but the top level, from a mount (`args` one directory
+/// in it) or from the devices `args`.
+fn listed(args: &[PathBuf]) -> Result<Vec<crate::fuse::control::ListedSubvol>> {
     use crate::fuse::control::{self, ListedSubvol};
-    let listed: Vec<ListedSubvol> = match &a.args[..] {
+    let listed: Vec<ListedSubvol> = match args {
         [dir] if dir.is_dir() => {
             let f = std::fs::File::open(dir).with_context(|| dir.display().to_string())?;
             super::umount::server_info(dir).map_err(|e| {
@@ -205,17 +263,92 @@ fn list_subvolumes(a: &ListArgs) -> Result<()> {
             out
         }
     };
-    let mut listed = listed;
-    listed.sort_by_key(|s| s.id);
-    for s in listed.iter().filter(|s| !a.readonly || s.readonly) {
-        println!(
-            "ID {} gen {} top level {} path {}",
-            s.id,
-            s.generation,
-            s.parent,
-            crate::util::show(&s.path)
-        );
+    Ok(listed)
+}
+
+/// `subvolume set-default`, of a mount or of images.
+fn set_default(args: &[PathBuf]) -> Result<()> {
+    use crate::fuse::subvol_info::BTRFS_IOC_GET_SUBVOL_INFO;
+    let mounted = |id: Option<u64>, dir: &Path| -> Result<()> {
+        let id = match id {
+            Some(id) => id,
+            None => {
+                // The subvolume holding `dir` (its tree id comes first).
+                let mut info = vec![0u8; 0x1f8];
+                if let Err(e) = super::filesystem::mount_ioctl(
+                    dir,
+                    BTRFS_IOC_GET_SUBVOL_INFO.into(),
+                    &mut info,
+                )? {
+                    bail!("{}: which subvolume: {e}", dir.display());
+                }
+                u64::from_le_bytes(info[..8].try_into().unwrap_or_default())
+            }
+        };
+        let mut word = id.to_le_bytes();
+        if let Err(e) = super::filesystem::mount_ioctl(
+            dir,
+            crate::fuse::BTRFS_IOC_DEFAULT_SUBVOL.into(),
+            &mut word,
+        )? {
+            bail!(
+                "setting the default subvolume of {} to {id}: {e}",
+                dir.display()
+            );
+        }
+        Ok(())
+    };
+    let number = |p: &Path| p.to_str().and_then(|s| s.parse::<u64>().ok());
+    match args {
+        [dir] if dir.is_dir() => mounted(None, dir),
+        [id, dir] if dir.is_dir() && number(id).is_some() => mounted(number(id), dir),
+        [devices @ .., target] if !devices.is_empty() => {
+            let fs = open_rw(devices)?;
+            let id = match number(target) {
+                Some(id) => id,
+                None => {
+                    let path = fs_path(target)?;
+                    let at = resolve(&fs, path, true)?;
+                    if at.ino != FIRST_INODE {
+                        bail!("{}: not a subvolume", crate::util::show(path));
+                    }
+                    at.subvol
+                }
+            };
+            fs.set_default_subvolume(id)
+                .with_context(|| format!("setting the default subvolume to {id}"))
+        }
+        _ => bail!("give the subvolume (see --help)"),
     }
+}
+
+/// `subvolume get-default`, of a mount or of images.
+fn get_default(args: &[PathBuf]) -> Result<()> {
+    let id = match args {
+        [dir] if dir.is_dir() => {
+            use crate::fuse::control::UBTRFS_IOC_DEFAULT_SUBVOL;
+            let mut word = [0u8; 8];
+            if let Err(e) =
+                super::filesystem::mount_ioctl(dir, UBTRFS_IOC_DEFAULT_SUBVOL.into(), &mut word)?
+            {
+                bail!("the default subvolume of {}: {e}", dir.display());
+            }
+            u64::from_le_bytes(word)
+        }
+        devices => super::open_fs(devices)?
+            .default_subvolume()
+            .context("reading the default subvolume")?,
+    };
+    if id == ubtrfs::format::consts::FS_TREE_OBJECTID {
+        println!("ID 5 (FS_TREE)");
+        return Ok(());
+    }
+    let all = listed(args)?;
+    let s = all
+        .iter()
+        .find(|s| s.id == id)
+        .with_context(|| format!("the default subvolume {id} is not listed"))?;
+    print_listed(s);
     Ok(())
 }
 

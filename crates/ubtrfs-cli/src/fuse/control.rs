@@ -238,6 +238,9 @@ pub fn decode_space(buf: &[u8]) -> Option<Vec<SpaceInfo>> {
         .collect()
 }
 
+/// `_IOR('u', 0xe5, u64)`: the default subvolume's id (anyone may ask).
+pub const UBTRFS_IOC_DEFAULT_SUBVOL: u32 = (2 << 30) | (8 << 16) | ((b'u' as u32) << 8) | 0xe5;
+
 /// `_IOR('u', 0xe4, [u8; USAGE_SIZE])`: what `ubtrfs filesystem usage`
 /// shows: the spaces as [`encode_space`] packs them, statfs's available
 /// bytes, then a `u32` count of devices, each with its id, size used,

@@ -4,6 +4,7 @@
 mod access_time;
 mod acl;
 mod attr;
+mod default_subvol;
 mod dev_stats;
 pub mod dir;
 mod flags;

@@ -8,7 +8,7 @@
 mod common;
 
 use common::copies::{contents, damage, make, targets};
-use common::ubtrfs;
+use common::{show, ubtrfs};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -17,15 +17,6 @@ use testkit::{Mount, TestDir, require_privileged};
 use ubtrfs::fs::Filesystem;
 
 type Counters = BTreeMap<u64, Vec<u64>>;
-
-fn show(out: &Output) -> String {
-    format!(
-        "status {}\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 /// The counters of a `device stats -T` table, by devid.
 fn parse_table(out: &Output) -> Counters {
@@ -60,6 +51,36 @@ fn kernel_stats(m: &Mount) -> Counters {
         .unwrap();
     assert!(out.status.success(), "{}", show(&out));
     parse_table(&out)
+}
+
+/// The kernel's scrub (`btrfs scrub start -B ARGS`) of `devices` mounted
+/// with `options`: the counters it leaves, and what it said.
+fn kernel_scrub(
+    devices: &[PathBuf],
+    mnt: &Path,
+    options: &str,
+    args: &[&str],
+) -> (Counters, String) {
+    let m = Mount::new(devices, mnt, options).unwrap();
+    let out = Command::new("btrfs")
+        .args(["scrub", "start", "-B"])
+        .args(args)
+        .arg(m.path())
+        .output()
+        .unwrap();
+    let counted = kernel_stats(&m);
+    m.unmount().unwrap();
+    (counted, show(&out))
+}
+
+/// `ubtrfs scrub` of `devices`, which must succeed.
+fn ubtrfs_scrub(devices: &[PathBuf]) {
+    let out = ubtrfs(
+        ["scrub".as_ref(), "--quiet".as_ref()]
+            .into_iter()
+            .chain(devices.iter().map(|d| d.as_os_str())),
+    );
+    assert!(out.status.success(), "{}", show(&out));
 }
 
 fn copy_images(devices: &[PathBuf], suffix: &str) -> Vec<PathBuf> {
@@ -108,19 +129,8 @@ fn scrubs_count_bad_copies_against_their_devices_as_the_kernel_does() {
 
     // The kernel's scrub of one copy of the images.
     let kmnt = t.join("kernel");
-    let expected = {
-        let m = Mount::new(&kernel_copy, &kmnt, "").unwrap();
-        let out = Command::new("btrfs")
-            .args(["scrub", "start", "-B"])
-            .arg(m.path())
-            .output()
-            .unwrap();
-        let said = show(&out);
-        assert!(said.contains("corrected"), "{said}");
-        let counted = kernel_stats(&m);
-        m.unmount().unwrap();
-        counted
-    };
+    let (expected, said) = kernel_scrub(&kernel_copy, &kmnt, "", &[]);
+    assert!(said.contains("corrected"), "{said}");
     // The test means something only if the kernel counted on both devices.
     assert!(
         expected.values().all(|v| v[3] > 0),
@@ -130,12 +140,7 @@ fn scrubs_count_bad_copies_against_their_devices_as_the_kernel_does() {
     assert_eq!(ubtrfs_stats(&kernel_copy), expected, "kernel-kept counters");
 
     // ubtrfs' scrub of the other copy counts the same.
-    let out = ubtrfs(
-        ["scrub".as_ref(), "--quiet".as_ref()]
-            .into_iter()
-            .chain(devices.iter().map(|d| d.as_os_str())),
-    );
-    assert!(out.status.success(), "{}", show(&out));
+    ubtrfs_scrub(&devices);
     assert_eq!(ubtrfs_stats(&devices), expected, "after ubtrfs scrub");
 
     // What ubtrfs kept, the kernel reads; the images stay consistent.
@@ -337,29 +342,13 @@ fn stale_copies_of_a_device_that_missed_writes_count_as_the_kernel_counts() {
         m.unmount().unwrap();
     }
     let kernel_copy = copy_images(&devices, "kernel");
-    let expected = {
-        // Read-only, so that no read the mount makes mends a stale block
-        // before the scrub counts it (-r: nor does the scrub).
-        let m = Mount::new(&kernel_copy, &kmnt, "ro").unwrap();
-        let out = Command::new("btrfs")
-            .args(["scrub", "start", "-B", "-r"])
-            .arg(m.path())
-            .output()
-            .unwrap();
-        let said = show(&out);
-        let counted = kernel_stats(&m);
-        m.unmount().unwrap();
-        assert!(
-            counted.values().any(|v| v.iter().any(|&n| n > 0)),
-            "the kernel's scrub counted nothing:\n{said}"
-        );
-        counted
-    };
-    let out = ubtrfs(
-        ["scrub".as_ref(), "--quiet".as_ref()]
-            .into_iter()
-            .chain(devices.iter().map(|d| d.as_os_str())),
+    // Read-only, so that no read the mount makes mends a stale block
+    // before the scrub counts it (-r: nor does the scrub).
+    let (expected, said) = kernel_scrub(&kernel_copy, &kmnt, "ro", &["-r"]);
+    assert!(
+        expected.values().any(|v| v.iter().any(|&n| n > 0)),
+        "the kernel's scrub counted nothing:\n{said}"
     );
-    assert!(out.status.success(), "{}", show(&out));
+    ubtrfs_scrub(&devices);
     assert_eq!(ubtrfs_stats(&devices), expected, "after ubtrfs scrub");
 }

@@ -8,20 +8,11 @@
 
 mod common;
 
-use common::ubtrfs;
+use common::{show, ubtrfs};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use testkit::fuse_mount::UbtrfsMount;
 use testkit::{Mount, TestDir, require_privileged};
-
-fn show(out: &Output) -> String {
-    format!(
-        "status {}\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 fn btrfs(args: &[&str], at: &Path) -> Output {
     let out = Command::new("btrfs").args(args).arg(at).output().unwrap();

@@ -8,21 +8,12 @@
 mod common;
 
 use common::copies::{contents, damage, make, targets};
-use common::ubtrfs;
+use common::{show, ubtrfs};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use testkit::{Mount, TestDir, require_privileged};
 use ubtrfs::fs::Filesystem;
-
-fn show(out: &Output) -> String {
-    format!(
-        "status {}\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 /// `btrfs check` of the filesystem on all of `devices`.
 fn btrfs_check(devices: &[PathBuf]) {

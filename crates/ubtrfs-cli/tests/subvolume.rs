@@ -282,6 +282,9 @@ fn the_default_subvolume_is_set_and_read_as_the_kernel_does() {
     m.unmount().unwrap();
     // By id, of the images: back to the top level.
     ok(&["subvolume", "set-default"], &img, &["0"]);
-    assert_eq!(ok(&["subvolume", "get-default"], &img, &[]), "ID 5 (FS_TREE)\n");
+    assert_eq!(
+        ok(&["subvolume", "get-default"], &img, &[]),
+        "ID 5 (FS_TREE)\n"
+    );
     check(&img, "after set-default 0");
 }

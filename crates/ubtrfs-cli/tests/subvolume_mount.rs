@@ -11,21 +11,12 @@
 
 mod common;
 
-use common::{check_image, start_mount, ubtrfs};
+use common::{check_image, show, start_mount, ubtrfs};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 use testkit::{Mount, TestDir, require_privileged};
-
-fn show(out: &Output) -> String {
-    format!(
-        "status {}\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 fn ok(args: &[&str]) -> String {
     let out = ubtrfs(args);

@@ -13,6 +13,16 @@ use std::process::{Command, Output, Stdio};
 use testkit::fuse_mount::UbtrfsMount;
 use testkit::{CompareOptions, MkfsOptions, TestDir, command, compare_trees_with, mkfs, run};
 
+/// A command's status, stdout and stderr, for a failed assertion.
+pub fn show(out: &Output) -> String {
+    format!(
+        "status {}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 /// The `ubtrfs` binary under test.
 pub fn ubtrfs_bin() -> &'static str {
     env!("CARGO_BIN_EXE_ubtrfs")

@@ -52,7 +52,8 @@ enum Command {
     /// Look at on-disk structures.
     #[command(subcommand)]
     Inspect(cmd::inspect::Command),
-    /// Create subvolumes and snapshots.
+    /// Subvolumes and snapshots: create, snapshot, delete, list, the
+    /// default one.
     #[command(subcommand)]
     Subvolume(cmd::subvolume::Command),
     /// Space, size and label of a filesystem (`btrfs filesystem df`,

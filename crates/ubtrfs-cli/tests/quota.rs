@@ -157,6 +157,46 @@ fn a_rescan_counts_as_the_kernels_does() {
         .unwrap();
     assert!(check.status.success(), "{}", show(&check));
     assert!(!show(&check).contains("are different"), "{}", show(&check));
+
+    // A subvolume ubtrfs deletes takes its qgroup (and its relations)
+    // with it, as one the kernel deletes does.
+    let ids = |shown: &str| -> Vec<String> {
+        shown
+            .lines()
+            .skip(2)
+            .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+            .collect()
+    };
+    let copy: PathBuf = img.with_extension("deleted");
+    std::fs::copy(&img, &copy).unwrap();
+    {
+        // commit=1: the cleaner drops it in a second, not thirty.
+        let m = Mount::new(&[&copy], &kmnt, "commit=1").unwrap();
+        btrfs(&["subvolume", "delete"], &m.path().join("sv2"));
+        btrfs(&["subvolume", "sync"], m.path());
+        m.unmount().unwrap();
+    }
+    let (kernel_deleted, _) = kernel_counts(&copy, &kmnt);
+    let out = ubtrfs([
+        "subvolume".as_ref(),
+        "delete".as_ref(),
+        img.as_os_str(),
+        "/sv2".as_ref(),
+    ]);
+    assert!(out.status.success(), "{}", show(&out));
+    let (deleted, _) = kernel_counts(&img, &kmnt);
+    assert_eq!(
+        ids(&deleted),
+        ids(&kernel_deleted),
+        "{deleted}\n{kernel_deleted}"
+    );
+    assert!(ids(&deleted).len() < ids(&counted).len(), "{deleted}");
+    let check = Command::new("btrfs")
+        .args(["check", "--readonly"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(check.status.success(), "{}", show(&check));
 }
 
 /// What the kernel shows after its own rescan of a copy of `img`.

@@ -945,6 +945,7 @@ impl Filesystem {
             .filter(|k| k.objectid == id && k.item_type == ROOT_ITEM_KEY)
             .ok_or_else(|| Error::corrupt(format!("subvolume {id} has no root item")))?;
         self.modify_tree(w, ROOT_TREE_OBJECTID, |ed, r| ed.delete(r, key))?;
+        self.remove_qgroup(w, id)?;
         w.dirty_roots.remove(&id);
         w.blocks.used_delta.remove(&id);
         w.blocks.last_snapshot.remove(&id);

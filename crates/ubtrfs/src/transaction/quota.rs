@@ -157,4 +157,31 @@ impl Filesystem {
             )
         })
     }
+
+    /// Subvolume `id` is gone (its tree dropped, its root item deleted):
+    /// its level-0 qgroup goes with it, info, limit and relations both
+    /// ways, as kernel 6.18 removes a fully dropped subvolume's qgroup
+    /// (the counts are marked inconsistent by the commit anyway). A no-op
+    /// without quotas.
+    pub(crate) fn remove_qgroup(&self, w: &mut Writer, id: u64) -> Result<()> {
+        if self.qgroup_status()?.is_none() {
+            return Ok(());
+        }
+        let quota = self.tree_by_id(QUOTA_TREE_OBJECTID)?;
+        let mut gone = vec![
+            qgroup_key(QGROUP_INFO_KEY, id),
+            qgroup_key(QGROUP_LIMIT_KEY, id),
+        ];
+        for item in quota.items_of(id, QGROUP_RELATION_KEY)? {
+            let parent = item?.key().offset;
+            gone.push(Key::new(id, QGROUP_RELATION_KEY, parent));
+            gone.push(Key::new(parent, QGROUP_RELATION_KEY, id));
+        }
+        self.modify_tree(w, QUOTA_TREE_OBJECTID, |ed, root| {
+            for key in gone {
+                ed.delete(root, key)?;
+            }
+            Ok(())
+        })
+    }
 }

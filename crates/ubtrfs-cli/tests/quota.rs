@@ -150,12 +150,7 @@ fn a_rescan_counts_as_the_kernels_does() {
     }
     // Consistent, and btrfs check (which compares consistent counts
     // with its own) finds nothing.
-    let check = Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(&img)
-        .output()
-        .unwrap();
-    assert!(check.status.success(), "{}", show(&check));
+    let check = btrfs(&["check", "--readonly"], &img);
     assert!(!show(&check).contains("are different"), "{}", show(&check));
 
     // A subvolume ubtrfs deletes takes its qgroup (and its relations)
@@ -191,12 +186,7 @@ fn a_rescan_counts_as_the_kernels_does() {
         "{deleted}\n{kernel_deleted}"
     );
     assert!(ids(&deleted).len() < ids(&counted).len(), "{deleted}");
-    let check = Command::new("btrfs")
-        .args(["check", "--readonly"])
-        .arg(&img)
-        .output()
-        .unwrap();
-    assert!(check.status.success(), "{}", show(&check));
+    btrfs(&["check", "--readonly"], &img);
 }
 
 /// What the kernel shows after its own rescan of a copy of `img`.

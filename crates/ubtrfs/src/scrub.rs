@@ -436,18 +436,16 @@ impl Filesystem {
     /// counts only data sectors as corrupt).
     fn count_bad_tree_copy(&self, expect: &Expect, mirror: usize, block: &[u8]) {
         let reader = self.tree_reader();
-        if block.len() < 0x58 || !reader.csum_type().verify(&block[32..], &block[..32]) {
+        let Ok(header) = crate::format::node::Header::parse(block) else {
+            return;
+        };
+        if !reader.csum_type().verify(&block[32..], &header.csum) {
             return;
         }
         // A block of another place or filesystem is misplaced, not stale
         // (the kernel checks these first, and does not count them).
-        let in_place = u64_at(block, 0x30) == Some(expect.bytenr)
-            && reader.fsids().iter().any(|f| block[0x20..0x30] == f[..]);
-        if !in_place {
-            return;
-        }
-        let generation = u64_at(block, 0x50);
-        if expect.generation.is_some() && generation != expect.generation {
+        let in_place = header.bytenr == expect.bytenr && reader.fsids().contains(&header.fsid);
+        if in_place && expect.generation.is_some_and(|g| g != header.generation) {
             reader
                 .volume()
                 .record_copy_error(expect.bytenr, mirror, DevStat::GenerationErrs);

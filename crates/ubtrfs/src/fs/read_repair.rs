@@ -44,11 +44,7 @@ impl Filesystem {
             return;
         };
         for f in found {
-            let mirrored = volume
-                .chunks
-                .lookup(f.logical)
-                .is_ok_and(|c| c.profile.parity_stripes() == 0);
-            if !mirrored || volume.on_seed(f.logical) {
+            if !volume.copy_writable_alone(f.logical) {
                 continue;
             }
             let still =
@@ -85,11 +81,7 @@ impl Filesystem {
         let generation = self.committed.load(std::sync::atomic::Ordering::Acquire);
         for f in found {
             let at = f.expect.bytenr;
-            let mirrored = volume
-                .chunks
-                .lookup(at)
-                .is_ok_and(|c| c.profile.parity_stripes() == 0);
-            if !mirrored || volume.on_seed(at) || reader.is_dirty(at) {
+            if !volume.copy_writable_alone(at) || reader.is_dirty(at) {
                 continue;
             }
             let Ok(copies) = volume.num_copies(at) else {

@@ -64,6 +64,16 @@ impl Volume {
         }
     }
 
+    /// Whether one copy of `logical` may be written alone to mend it: a
+    /// mirrored chunk (in RAID5/6 a write keeps the row's parity), not on
+    /// a seed device.
+    pub fn copy_writable_alone(&self, logical: u64) -> bool {
+        self.chunks
+            .lookup(logical)
+            .is_ok_and(|c| c.profile.parity_stripes() == 0)
+            && !self.on_seed(logical)
+    }
+
     /// Count the bad data copy `mirror` of `logical` a read found, once
     /// until it is mended (see [`DeviceStats::record_bad_read`]).
     pub fn record_bad_read(&self, logical: u64, mirror: usize) {
